@@ -1,0 +1,20 @@
+"""batchlens engine: continuous batching over a paged KV cache, and the local-PC side."""
+
+from engine.config import EngineConfig, SamplingParams
+from engine.engine import Engine, EngineStats, StepStats
+from engine.metrics import RequestMetrics, summarize
+from engine.models.session import ModelSession
+from engine.outputs import RequestHandle, RequestOutput
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "ModelSession",
+    "RequestHandle",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "StepStats",
+    "summarize",
+]

@@ -1,0 +1,103 @@
+"""Validated configuration: `EngineConfig` for the engine, `SamplingParams` per request.
+
+Bad values raise `ValueError` naming the field and the allowed range, so the UI can show
+the message as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        upper = "" if high is None else f" and <= {high}"
+        raise ValueError(f"{name} must be >= {low}{upper}, got {value}")
+
+
+@dataclass
+class EngineConfig:
+    """Settings of the datacenter engine.
+
+    model: None for the bundled SmolLM2-135M-Instruct, else a local HF folder or .gguf path.
+    num_kv_blocks: size of the KV pool in blocks; None sizes it by `kv_cache_memory_gb`.
+    kv_cache_memory_gb: memory budget for the KV pool when `num_kv_blocks` is None;
+        None picks a default (1 GiB on CPU, 40% of free memory on CUDA).
+    """
+
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_gb: float | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check_int("block_size", self.block_size, 1, 1024)
+        if self.num_kv_blocks is not None:
+            _check_int("num_kv_blocks", self.num_kv_blocks, 1)
+        if self.kv_cache_memory_gb is not None and not (
+            isinstance(self.kv_cache_memory_gb, int | float)
+            and math.isfinite(self.kv_cache_memory_gb)
+            and self.kv_cache_memory_gb > 0
+        ):
+            raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
+        _check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_model_len is not None:
+            _check_int("max_model_len", self.max_model_len, 2)
+        if self.num_threads is not None:
+            _check_int("num_threads", self.num_threads, 1, 1024)
+
+
+@dataclass
+class SamplingParams:
+    """How one request is sampled and when it stops. temperature 0 means greedy."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, 1)
+        t = self.temperature
+        if not isinstance(t, int | float) or isinstance(t, bool) or math.isnan(t) or t < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {t!r}")
+        if math.isinf(t):
+            raise ValueError("temperature must be finite, got inf")
+        _check_int("top_k", self.top_k, 0)
+        p = self.top_p
+        if not isinstance(p, int | float) or math.isnan(p) or not (0 < p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, 2**63 - 1)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop must be a list of non-empty strings")
+        if any(not isinstance(i, int) or i < 0 for i in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be a list of token ids >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,60 @@
+"""Incremental detokenization and stop strings.
+
+Decoding only a short window of recent tokens each time keeps the cost per token flat;
+text ending in an incomplete UTF-8 character (U+FFFD) is held back until the next token
+completes it, so Korean or emoji stream cleanly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas."""
+
+    def __init__(self, tokenizer: Any, stop: list[str] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self.text = ""
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.stop = stop or []
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._emitted = 0
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token_id: int) -> None:
+        """Append one token; update `text`; set `stopped` when a stop string appears."""
+        self.token_ids.append(token_id)
+        prefix = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self.token_ids[self._prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            new = full[len(prefix) :]
+            self.text += new
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self.token_ids)
+            if self.stop:
+                self._check_stop(len(new))
+
+    def _check_stop(self, new_len: int) -> None:
+        start = max(len(self.text) - new_len - self._hold, 0)
+        cut = -1
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i != -1 and (cut == -1 or i < cut):
+                cut = i
+        if cut != -1:
+            self.text = self.text[:cut]
+            self.stopped = True
+
+    def delta(self, final: bool = False) -> str:
+        """Text not yet handed out; keeps back a possible partial stop string."""
+        end = len(self.text) if (final or self.stopped) else max(len(self.text) - self._hold, 0)
+        end = max(end, self._emitted)
+        out = self.text[self._emitted : end]
+        self._emitted = end
+        return out

@@ -1,0 +1,259 @@
+"""Block accounting for the paged KV cache: pool, block tables, ref counts, prefix cache.
+
+Pure Python, no tensors: the runner owns the KV tensors; this module decides which
+block ids each request uses.
+
+Every block is in exactly one of three states::
+
+    used    ref_count > 0, in one or more block tables
+    cached  ref_count == 0, still holds a full block's hash (a prefix-cache entry),
+            kept in LRU order and evicted only when the free list runs dry
+    free    ref_count == 0, no hash
+
+    free + used + cached == num_blocks
+
+Prefix caching hashes each full block chained to its parent's hash,
+``hash((parent_hash, tokens))``, and compares tokens and parent on a hit.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    num_blocks: int
+    block_size: int
+    used_blocks: int
+    cached_blocks: int
+    free_blocks: int
+    used_slots: int  # token slots holding computed K/V of live requests
+    reserved_slots: int  # slots in blocks held by live requests
+    prefix_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_hits: int  # of those, tokens found
+
+    @property
+    def usage(self) -> float:
+        return self.used_blocks / self.num_blocks
+
+    @property
+    def waste(self) -> float:
+        """Reserved-but-unused slots / reserved slots."""
+        if not self.reserved_slots:
+            return 0.0
+        return (self.reserved_slots - self.used_slots) / self.reserved_slots
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One cell of the block map."""
+
+    block_id: int
+    state: str  # "used", "cached" or "free"
+    ref_count: int
+    owners: tuple[str, ...]
+
+
+def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class KVCacheManager:
+    """Hands out blocks to requests; keeps block tables and the prefix cache."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))
+        self._cached_free: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
+        self._hash_to_block: dict[int, int] = {}
+        self.block_tables: dict[str, list[int]] = {}
+        self._num_hashed: dict[str, int] = {}  # full blocks of a request already hashed
+        self._num_tokens: dict[str, int] = {}  # computed tokens in cache per request
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (free plus evictable cached)."""
+        return len(self._free) + len(self._cached_free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Block ids of the longest cached prefix of full blocks.
+
+        Capped one token short of the prompt so the last token is recomputed for logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_blocks = (len(token_ids) - 1) // bs
+        hits: list[int] = []
+        parent: int | None = None
+        for i in range(max_blocks):
+            toks = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = hash_block(parent, toks)
+            bid = self._hash_to_block.get(h)
+            if bid is None:
+                break
+            blk = self.blocks[bid]
+            if blk.token_ids != toks or blk.parent_hash != parent:
+                break
+            hits.append(bid)
+            parent = h
+        return hits
+
+    # ---- allocation ----------------------------------------------------------------
+    def allocate(
+        self, request_id: str, num_tokens: int, cached_blocks: list[int] | None = None
+    ) -> bool:
+        """Grow a request's block table to hold `num_tokens`; False if blocks ran out.
+
+        `cached_blocks` (a prefix hit, first allocation only) are shared, not copied.
+        """
+        table = self.block_tables.setdefault(request_id, [])
+        cached_blocks = cached_blocks or []
+        assert not cached_blocks or not table, "prefix hits only on a first allocation"
+        need = self.blocks_needed(num_tokens) - len(table) - len(cached_blocks)
+        evictable_hits = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
+        if need > self.num_free_blocks - evictable_hits:
+            if not table:
+                del self.block_tables[request_id]
+            return False
+        for bid in cached_blocks:
+            blk = self.blocks[bid]
+            if blk.ref_count == 0:
+                del self._cached_free[bid]
+            blk.ref_count += 1
+            table.append(bid)
+        if cached_blocks:
+            self._num_hashed[request_id] = len(cached_blocks)
+            self._num_tokens[request_id] = len(cached_blocks) * self.block_size
+        for _ in range(max(need, 0)):
+            table.append(self._pop_free())
+        return True
+
+    def _pop_free(self) -> int:
+        if self._free:
+            bid = self._free.popleft()
+        else:
+            bid, _ = self._cached_free.popitem(last=False)  # evict least recently used
+            blk = self.blocks[bid]
+            if self._hash_to_block.get(blk.block_hash) == bid:
+                del self._hash_to_block[blk.block_hash]
+            blk.block_hash = blk.parent_hash = blk.token_ids = None
+        blk = self.blocks[bid]
+        assert blk.ref_count == 0
+        blk.ref_count = 1
+        return bid
+
+    def record_computed(self, request_id: str, token_ids: list[int], num_computed: int) -> None:
+        """Note that K/V of the first `num_computed` tokens are in cache; hash full blocks."""
+        self._num_tokens[request_id] = num_computed
+        if not self.enable_prefix_caching:
+            return
+        table = self.block_tables[request_id]
+        bs = self.block_size
+        done = self._num_hashed.get(request_id, 0)
+        full = min(num_computed // bs, len(table))
+        parent = self.blocks[table[done - 1]].block_hash if done else None
+        for i in range(done, full):
+            toks = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = hash_block(parent, toks)
+            blk = self.blocks[table[i]]
+            if blk.block_hash is None and h not in self._hash_to_block:
+                blk.block_hash, blk.parent_hash, blk.token_ids = h, parent, toks
+                self._hash_to_block[h] = blk.block_id
+            parent = h
+        self._num_hashed[request_id] = max(done, full)
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries += num_tokens
+        self.prefix_hits += num_hit_tokens
+
+    def free(self, request_id: str) -> None:
+        """Release a request's blocks; full hashed blocks stay cached for reuse (LRU)."""
+        table = self.block_tables.pop(request_id, [])
+        self._num_hashed.pop(request_id, None)
+        self._num_tokens.pop(request_id, None)
+        for bid in reversed(table):  # tail first, so it is evicted first
+            blk = self.blocks[bid]
+            blk.ref_count -= 1
+            assert blk.ref_count >= 0
+            if blk.ref_count == 0:
+                if blk.block_hash is not None and self._hash_to_block.get(blk.block_hash) == bid:
+                    self._cached_free[bid] = None
+                else:
+                    blk.block_hash = blk.parent_hash = blk.token_ids = None
+                    self._free.append(bid)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached-free block (e.g. when a demo compares caching off)."""
+        while self._cached_free:
+            bid, _ = self._cached_free.popitem(last=False)
+            blk = self.blocks[bid]
+            self._hash_to_block.pop(blk.block_hash, None)
+            blk.block_hash = blk.parent_hash = blk.token_ids = None
+            self._free.append(bid)
+
+    # ---- reporting -----------------------------------------------------------------
+    def stats(self) -> KVCacheStats:
+        cached = len(self._cached_free)
+        free = len(self._free)
+        reserved = sum(len(t) for t in self.block_tables.values()) * self.block_size
+        # a shared block is counted once per table: that is what each request reserves
+        used = sum(self._num_tokens.get(r, 0) for r in self.block_tables)
+        return KVCacheStats(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            used_blocks=self.num_blocks - cached - free,
+            cached_blocks=cached,
+            free_blocks=free,
+            used_slots=used,
+            reserved_slots=reserved,
+            prefix_queries=self.prefix_queries,
+            prefix_hits=self.prefix_hits,
+        )
+
+    def snapshot(self) -> list[BlockInfo]:
+        """Every block's state, ref count and owners, for the block map."""
+        owners: dict[int, list[str]] = {}
+        for rid, table in self.block_tables.items():
+            for bid in table:
+                owners.setdefault(bid, []).append(rid)
+        cached = set(self._cached_free)
+        out = []
+        for blk in self.blocks:
+            if blk.ref_count > 0:
+                state = "used"
+            elif blk.block_id in cached:
+                state = "cached"
+            else:
+                state = "free"
+            out.append(BlockInfo(blk.block_id, state, blk.ref_count,
+                                 tuple(owners.get(blk.block_id, ()))))
+        return out

@@ -1,0 +1,190 @@
+"""Our Llama-family forward (Llama, Mistral, Qwen2, SmolLM) over a paged KV cache.
+
+One call runs one flat batch of tokens from many requests (prefill chunks and decode
+tokens together). Per layer: RMSNorm -> fused QKV matmul -> RoPE -> K/V written by slot
+mapping -> paged attention -> output matmul -> RMSNorm -> fused gate/up matmul -> SiLU ->
+down matmul. Logits are computed only for the rows that will be sampled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.models import loader
+from engine.models.attention import AttentionMetadata, paged_attention, write_kv
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts read from config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> ModelSpec:
+        heads = cfg["num_attention_heads"]
+        model_type = cfg["model_type"]
+        return cls(
+            model_type=model_type,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", model_type == "qwen2"),
+        )
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """2 (K and V) x layers x kv heads x head dim x bytes per element."""
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+def rope_inv_freq(cfg: dict, spec: ModelSpec) -> tuple[torch.Tensor, float]:
+    """RoPE inverse frequencies and attention scaling, as transformers computes them."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if rope_type == "default":
+        dim = spec.head_dim
+        inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        return inv, 1.0
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise loader.ModelLoadError(f"rope type {rope_type!r} is not supported")
+    hf_cfg = AutoConfig.for_model(**cfg)
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
+    return inv.float(), float(scaling)
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights, with Q/K/V and gate/up fused."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class LlamaModel:
+    """Weights plus the forward pass; holds no KV cache (the runner owns it)."""
+
+    def __init__(
+        self, spec: ModelSpec, state: dict[str, torch.Tensor], inv_freq: torch.Tensor,
+        rope_scaling: float, device: torch.device, dtype: torch.dtype,
+    ) -> None:
+        self.spec, self.device, self.dtype = spec, device, dtype
+
+        def w(name: str) -> torch.Tensor:
+            if name not in state:
+                raise loader.ModelLoadError(f"weight {name!r} missing from the checkpoint")
+            return state[name].to(device=device, dtype=dtype).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        self.norm = w("model.norm.weight")
+        if spec.tie_word_embeddings or "lm_head.weight" not in state:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = w("lm_head.weight")
+        self.layers: list[Layer] = []
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            att, mlp = p + "self_attn.", p + "mlp."
+            bias = None
+            if f"{att}q_proj.bias" in state:
+                bias = torch.cat([w(f"{att}{x}_proj.bias") for x in "qkv"])
+            self.layers.append(Layer(
+                input_norm=w(p + "input_layernorm.weight"),
+                qkv=torch.cat([w(f"{att}{x}_proj.weight") for x in "qkv"]).contiguous(),
+                qkv_bias=bias,
+                o=w(att + "o_proj.weight"),
+                post_norm=w(p + "post_attention_layernorm.weight"),
+                gate_up=torch.cat([w(mlp + "gate_proj.weight"), w(mlp + "up_proj.weight")]),
+                down=w(mlp + "down_proj.weight"),
+            ))
+        # cos/sin for every position, in float32 as transformers computes them
+        pos = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = (emb.cos() * rope_scaling).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * rope_scaling).to(device=device, dtype=dtype)
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+
+    @classmethod
+    def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+        cfg = loader.read_config(folder)
+        spec = ModelSpec.from_config(cfg)
+        inv, scaling = rope_inv_freq(cfg, spec)
+        return cls(spec, loader.read_state_dict(folder), inv, scaling, device, dtype)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # as transformers: normalise in float32, cast back, then scale
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        return weight * xf.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run one flat batch; return float32 logits of `logits_rows` only: [R, vocab]."""
+        spec = self.spec
+        t = input_ids.shape[0]
+        h, kvh, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        q_size, kv_size = h * d, kvh * d
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        x = self.embed[input_ids]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            hs = self._rms_norm(x, layer.input_norm)
+            qkv = F.linear(hs, layer.qkv, layer.qkv_bias)
+            q = qkv[:, :q_size].view(t, h, d)
+            k = qkv[:, q_size : q_size + kv_size].view(t, kvh, d)
+            v = qkv[:, q_size + kv_size :].view(t, kvh, d)
+            q = self._rope(q, cos, sin)
+            k = self._rope(k, cos, sin)
+            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            x = x + F.linear(attn, layer.o)
+            hs = self._rms_norm(x, layer.post_norm)
+            gate, up = F.linear(hs, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        x = self._rms_norm(x[logits_rows], self.norm)
+        return F.linear(x, self.lm_head).float()

@@ -1,0 +1,116 @@
+"""What callers get back: `RequestOutput` and a streaming `RequestHandle`.
+
+Both the datacenter engine and the local runner return these types, so the UI and the
+benchmark treat the two sides alike.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from engine.metrics import RequestMetrics
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: RequestMetrics
+    error: str | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    emulated: str | None = None  # set when the local side is paced to a projected device
+
+    @property
+    def ttft(self) -> float | None:
+        return self.metrics.ttft
+
+    @property
+    def tpot(self) -> float | None:
+        return self.metrics.tpot
+
+    @property
+    def e2e(self) -> float | None:
+        return self.metrics.e2e
+
+
+class RequestHandle:
+    """A submitted request: iterate for text deltas, `result()` for the final output.
+
+    The engine thread feeds it; any number of consumer threads may hold handles.
+    """
+
+    def __init__(
+        self, request_id: str, prompt_token_ids: list[int], cancel: Callable[[str], None]
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self._cancel = cancel
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._output: RequestOutput | None = None
+        self.text = ""  # text handed out so far by iteration / poll
+        self.num_tokens = 0
+
+    # ---- engine side ---------------------------------------------------------------
+    def _push(self, delta: str, num_tokens: int) -> None:
+        self._events.put((delta, num_tokens))
+
+    def _finish(self, output: RequestOutput, last_delta: str = "") -> None:
+        self._output = output
+        self._events.put((last_delta, len(output.token_ids)))
+        self._events.put(None)
+        self._done.set()
+
+    # ---- consumer side -------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this request; its blocks are freed at the next step."""
+        if not self.done:
+            self._cancel(self.request_id)
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            ev = self._events.get()
+            if ev is None:
+                return
+            delta, n = ev
+            self.num_tokens = n
+            if delta:
+                self.text += delta
+                yield delta
+
+    def poll(self) -> str:
+        """Text produced since the last poll, without blocking."""
+        out = []
+        while True:
+            try:
+                ev = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if ev is None:
+                self._events.put(None)  # keep the end marker for iterators
+                break
+            delta, self.num_tokens = ev
+            out.append(delta)
+        text = "".join(out)
+        self.text += text
+        return text
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until finished; the final `RequestOutput`."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} not finished after {timeout}s")
+        assert self._output is not None
+        return self._output

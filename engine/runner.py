@@ -1,0 +1,122 @@
+"""Turns a scheduled step into flat tensors, runs the model, returns sampled tokens.
+
+Flat batch layout for one step (T tokens)::
+
+    rows:  [ d0 d1 d2 ... d(S-1) | p0 p0 p0 p0 | p1 p1 ... ]
+             decode: 1 token each   prefill chunk of request p0, then p1 ...
+
+    input_ids[T], positions[T], slot_mapping[T]  (slot = block_table[pos // bs] * bs + pos % bs)
+
+Any entry with exactly one new token is attended as a decode row (its context is read
+from the cache), whatever phase its request is in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.models.attention import AttentionMetadata, PrefillChunk
+from engine.models.llama import LlamaModel
+from engine.sampler import sample
+from engine.sequence import Sequence
+
+
+class ModelRunner:
+    """Owns the KV tensors and runs one step of the model."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        spec = model.spec
+        shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+            )
+            for _ in range(spec.num_layers)
+        ]
+
+    def _slots(self, table: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def prepare(
+        self, entries: list[tuple[Sequence, int]], block_tables: dict[str, list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[int]]:
+        """Build input ids, positions, attention metadata and the rows to sample.
+
+        Returns (input_ids, positions, meta, logits_rows, sampled_entry_indices).
+        """
+        bs = self.block_size
+        decode = [i for i, (_, n) in enumerate(entries) if n == 1]
+        prefill = [i for i, (_, n) in enumerate(entries) if n > 1]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        sampled: list[int] = []
+        ctx_lens = []
+        dec_tables = []
+        for i in decode:
+            seq, _ = entries[i]
+            p = seq.num_computed_tokens
+            table = block_tables[seq.request_id]
+            ids.append(seq.token_at(p))
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            ctx_lens.append(p + 1)
+            dec_tables.append(table[: -(-(p + 1) // bs)])
+            if p + 1 == seq.num_tokens:
+                logits_rows.append(len(ids) - 1)
+                sampled.append(i)
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
+        dev = self.model.device
+        if decode:
+            max_blocks = max(len(t) for t in dec_tables)
+            flat = [b for t in dec_tables for b in t + [0] * (max_blocks - len(t))]
+            meta.num_decode = len(decode)
+            meta.decode_max_blocks = max_blocks
+            meta.decode_block_ids = torch.tensor(flat, dtype=torch.long, device=dev)
+            lens = torch.tensor(ctx_lens)
+            mask = torch.arange(max_blocks * bs)[None, :] < lens[:, None]
+            meta.decode_mask = mask.view(1, len(decode), 1, -1).to(dev)
+        for i in prefill:
+            seq, n = entries[i]
+            start = seq.num_computed_tokens
+            table = block_tables[seq.request_id]
+            tokens = seq.token_ids[start : start + n]
+            row = len(ids)
+            ids.extend(tokens)
+            pos.extend(range(start, start + n))
+            slots.extend(self._slots(table, start, start + n))
+            ctx = start + n
+            block_ids = None
+            if start > 0:
+                block_ids = torch.tensor(table[: -(-ctx // bs)], dtype=torch.long, device=dev)
+            meta.prefills.append(PrefillChunk(row, n, ctx, block_ids))
+            if ctx == seq.num_tokens:
+                logits_rows.append(row + n - 1)
+                sampled.append(i)
+        meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
+        return (
+            torch.tensor(ids, dtype=torch.long, device=dev),
+            torch.tensor(pos, dtype=torch.long, device=dev),
+            meta,
+            torch.tensor(logits_rows, dtype=torch.long, device=dev),
+            sampled,
+        )
+
+    def execute(
+        self,
+        entries: list[tuple[Sequence, int]],
+        block_tables: dict[str, list[int]],
+        generators: dict[str, torch.Generator | None],
+    ) -> dict[int, int]:
+        """Run one step; map entry index -> sampled token for requests that completed."""
+        ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
+        logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
+        params = [entries[i][0].params for i in sampled]
+        gens = [generators.get(entries[i][0].request_id) for i in sampled]
+        tokens = sample(logits, params, gens)
+        return dict(zip(sampled, tokens, strict=True))

@@ -1,0 +1,62 @@
+"""A request's state inside the engine.
+
+Progress is tracked only by `num_computed_tokens` against `num_tokens` (prompt plus
+output so far), so chunked prefill, prefix-cache hits and preemption need no special
+cases: a request needs `num_tokens - num_computed_tokens` more tokens computed, and is
+sampled in the step where that reaches zero.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.config import SamplingParams
+from engine.metrics import RequestMetrics
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit on its latest admission
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    cancel_requested: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, i: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens still to compute before this request can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_remaining > 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
