@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.attention import AttentionMetadata, PrefillChunk
+from engine.models.attention import AttentionMetadata, PrefillChunk, gather_index
 from engine.models.llama import LlamaModel
 from engine.sampler import sample
 from engine.sequence import Sequence
@@ -27,7 +27,9 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
         self.model = model
         self.block_size = block_size
+        self.num_blocks = num_blocks
         spec = model.spec
+        self.num_kv_heads = spec.num_kv_heads
         shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
         self.kv_caches = [
             (
@@ -36,6 +38,10 @@ class ModelRunner:
             )
             for _ in range(spec.num_layers)
         ]
+
+    def _gather_index(self, block_ids: list[int]) -> torch.Tensor:
+        ids = torch.tensor(block_ids, dtype=torch.long)
+        return gather_index(ids, self.num_kv_heads, self.num_blocks).to(self.model.device)
 
     def _slots(self, table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
@@ -77,10 +83,11 @@ class ModelRunner:
             flat = [b for t in dec_tables for b in t + [0] * (max_blocks - len(t))]
             meta.num_decode = len(decode)
             meta.decode_max_blocks = max_blocks
-            meta.decode_block_ids = torch.tensor(flat, dtype=torch.long, device=dev)
+            meta.decode_gather_index = self._gather_index(flat)
             lens = torch.tensor(ctx_lens)
-            mask = torch.arange(max_blocks * bs)[None, :] < lens[:, None]
-            meta.decode_mask = mask.view(1, len(decode), 1, -1).to(dev)
+            pad = torch.arange(max_blocks * bs)[None, :] >= lens[:, None]
+            bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))
+            meta.decode_bias = bias.view(1, len(decode), 1, -1).to(dev)
         for i in prefill:
             seq, n = entries[i]
             start = seq.num_computed_tokens
@@ -91,10 +98,8 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             slots.extend(self._slots(table, start, start + n))
             ctx = start + n
-            block_ids = None
-            if start > 0:
-                block_ids = torch.tensor(table[: -(-ctx // bs)], dtype=torch.long, device=dev)
-            meta.prefills.append(PrefillChunk(row, n, ctx, block_ids))
+            index = self._gather_index(table[: -(-ctx // bs)]) if start > 0 else None
+            meta.prefills.append(PrefillChunk(row, n, ctx, index))
             if ctx == seq.num_tokens:
                 logits_rows.append(row + n - 1)
                 sampled.append(i)

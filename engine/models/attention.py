@@ -31,7 +31,7 @@ class PrefillChunk:
     start: int  # first row of the chunk in the flat batch
     length: int  # tokens in the chunk
     context_len: int  # tokens in cache after the chunk (prior context + chunk)
-    block_ids: torch.Tensor | None  # blocks covering context_len; None: no prior context
+    gather_index: torch.Tensor | None  # gather_index of its blocks; None: no prior context
 
     @property
     def prior_len(self) -> int:
@@ -44,9 +44,9 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written
     num_decode: int = 0  # rows [0, num_decode) are decode tokens
-    decode_block_ids: torch.Tensor | None = None  # [S * max_blocks] flattened block tables
+    decode_gather_index: torch.Tensor | None = None  # gather_index of the padded block tables
     decode_max_blocks: int = 0
-    decode_mask: torch.Tensor | None = None  # [1, S, 1, max_blocks * block_size] valid keys
+    decode_bias: torch.Tensor | None = None  # [1, S, 1, max_blocks * block_size]: 0 or -inf
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -60,10 +60,32 @@ def write_kv(
     v_cache.view(kvh, nb * bs, d).index_copy_(1, slot_mapping, v.transpose(0, 1))
 
 
-def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
-    """Read the blocks of `num_seqs` block tables: [kvh, S, max_blocks * block_size, d]."""
-    kvh, _, bs, d = cache.shape
-    return cache.index_select(1, block_ids).view(kvh, num_seqs, -1, d)
+def gather_index(block_ids: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
+    """Row ids into the cache viewed as [kvh * num_blocks, block_size * d] for `block_ids`.
+
+    Gathering whole rows along dim 0 is ~2x faster on CPU than indexing dim 1.
+    """
+    heads = torch.arange(num_kv_heads, device=block_ids.device)[:, None] * num_blocks
+    return (heads + block_ids[None, :]).reshape(-1)
+
+
+def gather_kv(cache: torch.Tensor, index: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Read blocks by a `gather_index`: [kvh, S, max_blocks * block_size, d]."""
+    kvh, nb, bs, d = cache.shape
+    return cache.view(kvh * nb, bs * d).index_select(0, index).view(kvh, num_seqs, -1, d)
+
+
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax(q k^T * scale + bias) v with q [kvh, S, group, d], k/v [kvh, S, L, d].
+
+    Two batched matmuls and a float32 softmax: on CPU this beats the fused SDPA kernel
+    for one query row per request by ~2.5x.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)).float()
+    probs = torch.softmax(scores.mul_(scale).add_(bias), dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)
 
 
 def paged_attention(
@@ -87,22 +109,22 @@ def paged_attention(
     if s:
         # query heads of one kv head act as that head's "query length": [kvh, S, group, d]
         qd = q[:s].view(s, kvh, group, d).transpose(0, 1)
-        kd = gather_kv(k_cache, meta.decode_block_ids, s)
-        vd = gather_kv(v_cache, meta.decode_block_ids, s)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
-        out[:s] = od.transpose(0, 1).reshape(s, h, d)
+        kd = gather_kv(k_cache, meta.decode_gather_index, s)
+        vd = gather_kv(v_cache, meta.decode_gather_index, s)
+        out[:s] = decode_attention(qd, kd, vd, meta.decode_bias, scale).transpose(0, 1).reshape(
+            s, h, d)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
         qc = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
-        if chunk.block_ids is None:
+        if chunk.gather_index is None:
             kc = k[rows].transpose(0, 1).unsqueeze(0)
             vc = v[rows].transpose(0, 1).unsqueeze(0)
             oc = F.scaled_dot_product_attention(
                 qc, kc, vc, is_causal=True, scale=scale, enable_gqa=True
             )
         else:
-            kc = gather_kv(k_cache, chunk.block_ids, 1)[:, :, : chunk.context_len].transpose(0, 1)
-            vc = gather_kv(v_cache, chunk.block_ids, 1)[:, :, : chunk.context_len].transpose(0, 1)
+            kc = gather_kv(k_cache, chunk.gather_index, 1)[:, :, : chunk.context_len].transpose(0, 1)
+            vc = gather_kv(v_cache, chunk.gather_index, 1)[:, :, : chunk.context_len].transpose(0, 1)
             qpos = torch.arange(chunk.prior_len, chunk.context_len, device=q.device)
             kpos = torch.arange(chunk.context_len, device=q.device)
             mask = kpos[None, :] <= qpos[:, None]

@@ -1,0 +1,360 @@
+"""Benchmark: this engine against transformers on the same requests, in one run.
+
+`python -m engine.bench [--quick] [--only engine,hf_static] [--json PATH]` prints output
+tokens/s and TTFT/TPOT p50/p99 per run, then the ratios. Every request of a run arrives at
+the run's start (all submitted at once), greedy, EOS ignored; all latency figures come from
+`engine.metrics.summarize` over `RequestMetrics` built from `time.monotonic()` stamps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig, SamplingParams
+from engine.engine import Engine
+from engine.metrics import RequestMetrics, RunSummary, summarize
+from engine.models.session import ModelSession
+
+TEXT = (
+    "The old lighthouse stood at the edge of the cliff for more than a century, guiding ships "
+    "through fog and storm. Its keeper climbed the spiral stairs every evening to light the lamp, "
+    "and every morning he wrote the weather, the passing ships and the state of the sea in a "
+    "thick leather book. When the lamp was finally automated, the book was given to the town "
+    "library, where children still read it on rainy afternoons.\n\n"
+    "Bread is one of the oldest prepared foods. Flour and water are mixed into a dough, yeast "
+    "makes it rise, and heat turns it into a loaf with a crisp crust and a soft crumb. Bakers "
+    "adjust the time, the temperature and the amount of water to suit the flour of each season, "
+    "and a good baker can tell by touch alone whether the dough is ready for the oven.\n\n"
+    "A computer runs a program by fetching instructions from memory, decoding them and executing "
+    "them one after another. Modern processors overlap these stages, predict which way branches "
+    "will go and keep recently used data in small, fast caches. Much of the speed of a program "
+    "therefore depends less on how many operations it performs than on how well it uses memory.\n\n"
+    "The river rises in the mountains, gathers the melting snow in spring and winds through "
+    "farmland and forests before it reaches the sea. Towns grew up along its banks because it "
+    "brought water, fish and trade. Today the old mills are museums, and people walk and cycle "
+    "along the towpaths where horses once pulled heavy boats upstream against the current."
+)
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One benchmark request: prompt token ids and the exact number of tokens to generate."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass
+class RunResult:
+    """One run's figures: a summary, or `na` saying why there is none."""
+
+    name: str
+    summary: RunSummary | None = None
+    na: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_requests(
+    corpus_ids: list[int], n: int, seed: int, prompt_len: tuple[int, int],
+    max_tokens: tuple[int, int],
+) -> list[BenchRequest]:
+    """Deterministic requests: prompts are slices of `corpus_ids` (cyclic, from a random
+    offset, so prompts rarely share a prefix), lengths uniform in the inclusive ranges."""
+    if not corpus_ids:
+        raise ValueError("corpus_ids must not be empty")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length, off = rng.randint(*prompt_len), rng.randrange(len(corpus_ids))
+        ids = [corpus_ids[(off + i) % len(corpus_ids)] for i in range(length)]
+        out.append(BenchRequest(tuple(ids), rng.randint(*max_tokens)))
+    return out
+
+
+class _StepClock:
+    """A `generate` streamer that stamps each step. The first `put` is the prompt."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if self._prompt_seen:
+            self.times.append(time.monotonic())
+        self._prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+@dataclass
+class BenchContext:
+    """What every run needs: the shared session, the requests, the options."""
+
+    session: ModelSession
+    requests: list[BenchRequest]
+    concurrency: list[int]
+    static_batch: int = 32
+
+    @cached_property
+    def hf_model(self) -> Any:
+        """The transformers reference model, same weights folder, dtype and device."""
+        from transformers import AutoModelForCausalLM
+
+        m = self.session.model
+        hf = AutoModelForCausalLM.from_pretrained(self.session.folder, dtype=m.dtype)
+        return hf.to(m.device).eval()
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.session.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def hf_generate(self, reqs: list[BenchRequest], new_tokens: int) -> list[float]:
+        """One left-padded greedy `generate` of exactly `new_tokens`; the step times."""
+        width = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(reqs):
+            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids):] = 1
+        dev = self.session.model.device
+        clock = _StepClock()
+        with torch.inference_mode():
+            self.hf_model.generate(
+                input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False,
+                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                pad_token_id=self.pad_id, streamer=clock,
+            )
+        return clock.times
+
+
+def _result(name: str, metrics: list[RequestMetrics], t0: float, end: float) -> RunResult:
+    return RunResult(name, summarize(metrics, wall_time=end - t0))
+
+
+def run_hf_batch1(ctx: BenchContext) -> list[RunResult]:
+    """transformers `generate`, one request at a time; all requests arrive at t0."""
+    ctx.hf_generate(ctx.requests[:1], 2)  # warm-up
+    t0, metrics = time.monotonic(), []
+    for r in ctx.requests:
+        times = ctx.hf_generate([r], r.max_tokens)
+        metrics.append(RequestMetrics(arrival_time=t0, token_times=times))
+    return [_result("hf_batch1", metrics, t0, time.monotonic())]
+
+
+def run_hf_static(ctx: BenchContext) -> list[RunResult]:
+    """transformers static batches (left-padded), each run to its longest max_tokens.
+
+    Token times are real per-step times from a streamer: request i's k-th token is stamped
+    when step k of its batch ends; only its own max_tokens count as output tokens."""
+    ctx.hf_generate(ctx.requests[:2], 2)  # warm-up
+    t0, metrics = time.monotonic(), []
+    for s in range(0, len(ctx.requests), ctx.static_batch):
+        batch = ctx.requests[s:s + ctx.static_batch]
+        times = ctx.hf_generate(batch, max(r.max_tokens for r in batch))
+        for r in batch:
+            metrics.append(RequestMetrics(arrival_time=t0, token_times=times[:r.max_tokens]))
+    return [_result("hf_static", metrics, t0, time.monotonic())]
+
+
+def run_hf_continuous(ctx: BenchContext) -> list[RunResult]:
+    """transformers continuous batching. `generate_batch` takes one max_new_tokens for all
+    requests, so this drives the manager it wraps (same code path) to give each request its
+    own; eos_token_id=-1 ignores EOS. Its token stamps are perf_counter, mapped to monotonic."""
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+
+    model, reqs = ctx.hf_model, ctx.requests
+    if not hasattr(model, "generate_batch"):
+        return [RunResult("hf_continuous", na="this transformers has no generate_batch")]
+    hints = WorkloadHints(max(len(r.prompt_ids) for r in reqs), max(r.max_tokens for r in reqs),
+                          len(reqs))
+    with model.continuous_batching_context_manager(
+            block=True, timeout=5, workload_hints=hints) as mgr:
+        t0 = time.monotonic()
+        shift = t0 - time.perf_counter()
+        rids = [mgr.add_request(list(r.prompt_ids), max_new_tokens=r.max_tokens,
+                                record_timestamps=True, eos_token_id=-1) for r in reqs]
+        done: dict[str, Any] = {}
+        while len(done) < len(rids):
+            out = mgr.get_result(timeout=1)
+            if out is not None and out.is_finished():
+                done[out.request_id] = out
+            elif out is None and not mgr.is_running():
+                raise RuntimeError(f"manager stopped after {len(done)}/{len(rids)} requests")
+        end = time.monotonic()
+    bad = [rid for rid in rids if done[rid].error]
+    if bad:
+        raise RuntimeError(f"{len(bad)} requests failed: {done[bad[0]].error}")
+    metrics = [RequestMetrics(arrival_time=t0, token_times=[t + shift for t in done[rid].timestamps])
+               for rid in rids]
+    return [_result("hf_continuous", metrics, t0, end)]
+
+
+def run_engine(ctx: BenchContext) -> list[RunResult]:
+    """This engine at each concurrency (max_num_seqs), all requests submitted at once."""
+    results = []
+    for c in ctx.concurrency:
+        print(f"  engine@{c} ...", file=sys.stderr, flush=True)
+        with Engine(EngineConfig(max_num_seqs=c), session=ctx.session) as eng:
+            eng.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+            warm_steps = eng.stats().num_steps
+            params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in ctx.requests]
+            t0 = time.monotonic()
+            outs = eng.generate([list(r.prompt_ids) for r in ctx.requests], params)
+            end = time.monotonic()
+            st = eng.stats()
+        short = [o for o, r in zip(outs, ctx.requests, strict=True)
+                 if len(o.token_ids) != r.max_tokens]
+        if short:
+            raise RuntimeError(f"{len(short)} requests ended {short[0].finish_reason}: "
+                               f"{short[0].error}")
+        res = _result(f"engine@{c}", [o.metrics for o in outs], t0, end)
+        steps = [s for s in st.recent_steps if s.start >= t0]
+        res.extra = {"steps": st.num_steps - warm_steps, "preemptions": st.num_preemptions,
+                     "cached_prompt_tokens": sum(o.num_cached_tokens for o in outs)}
+        reserved = sum(s.kv_reserved_slots for s in steps)
+        if len(steps) < res.extra["steps"]:  # recent_steps is a bounded deque
+            res.extra["kv_waste"] = f"n/a: only {len(steps)} of {res.extra['steps']} steps kept"
+        elif reserved:
+            res.extra["kv_waste"] = sum(s.kv_reserved_slots - s.kv_used_slots
+                                        for s in steps) / reserved
+        results.append(res)
+    return results
+
+
+# The registry of runs, in run order. The local side (engine/local.py LocalRunner) is added
+# here as one more entry, e.g. "local": run_local returning [RunResult("local", ...)].
+RUNS: dict[str, Callable[[BenchContext], list[RunResult]]] = {
+    "hf_batch1": run_hf_batch1,
+    "hf_static": run_hf_static,
+    "hf_continuous": run_hf_continuous,
+    "engine": run_engine,
+}
+
+
+def other_cpu_busy(interval: float = 1.0) -> float:
+    """Fraction of all CPU time used over `interval` s while this process idles (Linux)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+
+    try:
+        (t1, i1), _, (t2, i2) = sample(), time.sleep(interval), sample()
+    except OSError:
+        return 0.0
+    return 1 - (i2 - i1) / (t2 - t1) if t2 > t1 else 0.0
+
+
+def format_table(results: list[RunResult]) -> str:
+    """A fixed-width table: tok/s, TTFT and TPOT p50/p99 (ms) per run."""
+    head = (f"{'run':<14}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}"
+            f"{'TPOT p99':>10}{'tokens':>8}{'wall s':>8}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        s = r.summary
+        if s is None:
+            lines.append(f"{r.name:<14}n/a: {r.na}")
+            continue
+        ms = [v * 1000 for v in (s.ttft_p50, s.ttft_p99, s.tpot_p50, s.tpot_p99)]
+        lines.append(f"{r.name:<14}{s.throughput:>9.1f}" + "".join(f"{v:>10.0f}" for v in ms)
+                     + f"{s.output_tokens:>8}{s.wall_time:>8.1f}")
+    return "\n".join(lines)
+
+
+def ratios(results: list[RunResult]) -> dict[str, float]:
+    """Throughput ratios: top-concurrency engine vs HF static / continuous; engine@1 vs batch 1."""
+    tput = {r.name: r.summary.throughput for r in results if r.summary}
+    engines = [n for n in tput if n.startswith("engine@")]
+    top = max(engines, key=lambda n: int(n.split("@")[1]), default=None)
+    pairs = [(top, "hf_static"), (top, "hf_continuous"), ("engine@1", "hf_batch1")]
+    return {f"{a} / {b}": tput[a] / tput[b] for a, b in pairs if a in tput and b in tput}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, load the model once, run the chosen runs, print and optionally save."""
+    ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="16 short requests, concurrency 1,8,16")
+    ap.add_argument("--requests", type=int, help="number of requests (default 64, quick 16)")
+    ap.add_argument("--only", help=f"comma-separated subset of {','.join(RUNS)}")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    a = ap.parse_args(argv)
+    only = a.only.split(",") if a.only else list(RUNS)
+    if unknown := set(only) - set(RUNS):
+        ap.error(f"--only: unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    n = a.requests or (16 if a.quick else 64)
+    prompt_len, max_tok = ((10, 100), (8, 48)) if a.quick else ((10, 300), (16, 256))
+    conc = sorted({min(c, n) for c in ((1, 8, 16) if a.quick else (1, 8, 32, 64))})
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    print("loading model ...", file=sys.stderr, flush=True)
+    session = ModelSession.load(None, a.device, a.dtype)
+    corpus = list(session.tokenizer(TEXT, add_special_tokens=False)["input_ids"])
+    reqs = make_requests(corpus, n, a.seed, prompt_len, max_tok)
+    ctx = BenchContext(session, reqs, conc)
+    dtype = str(session.model.dtype).removeprefix("torch.")
+    print(f"model {session.name} on {session.model.device}, dtype {dtype} "
+          f"({session.dtype_reason}), {torch.get_num_threads()} threads")
+    print(f"{n} requests (seed {a.seed}): prompt {prompt_len[0]}-{prompt_len[1]} tokens, "
+          f"max_tokens {max_tok[0]}-{max_tok[1]}, greedy, EOS ignored, all arriving at t=0; "
+          f"{sum(r.max_tokens for r in reqs)} output tokens per run")
+    if (busy := other_cpu_busy()) > 0.1:
+        print(f"warning: the CPUs were {busy:.0%} busy with other work just before the runs; "
+              "it slows and skews every figure")
+    results: list[RunResult] = []
+    for name in [k for k in RUNS if k in only]:
+        print(f"run {name} ...", file=sys.stderr, flush=True)
+        t = time.monotonic()
+        try:
+            results += RUNS[name](ctx)
+        except Exception as exc:  # one failing run must not lose the others
+            traceback.print_exc(file=sys.stderr)
+            results.append(RunResult(name, na=f"{type(exc).__name__}: {exc}"))
+        print(f"run {name} done in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
+    print()
+    print(format_table(results))
+    rat = ratios(results)
+    if rat:
+        print("\nthroughput ratios: " + ", ".join(f"{k} = {v:.2f}x" for k, v in rat.items()))
+    for r in results:
+        if "kv_waste" in r.extra:
+            w = r.extra["kv_waste"]
+            w = f"{w:.1%}" if isinstance(w, float) else w
+            print(f"{r.name}: reserved-but-unused KV slots {w} (over {r.extra['steps']} steps), "
+                  f"{r.extra['preemptions']} preemptions, "
+                  f"{r.extra['cached_prompt_tokens']} prompt tokens from the prefix cache")
+    if a.json:
+        doc = {"model": session.name, "device": str(session.model.device), "dtype": dtype,
+               "threads": torch.get_num_threads(), "requests": n, "seed": a.seed,
+               "runs": {r.name: {"summary": r.summary.as_dict() if r.summary else None,
+                                 "na": r.na, **r.extra} for r in results},
+               "ratios": rat}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Shared fixtures: the bundled model (float32, loaded once), its transformers twin, and
+tiny randomly initialised Llama / Qwen2 folders built on the fly."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.models.session import ModelSession
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def session() -> ModelSession:
+    """The bundled SmolLM2-135M-Instruct in float32 on CPU (real weights)."""
+    return ModelSession.load(None, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def hf_model(session: ModelSession):
+    """transformers' own implementation on the same weights, for reference outputs."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(session.folder, dtype=torch.float32)
+    return model.eval()
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers `generate`, one prompt at a time, greedy, EOS ignored."""
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+    )
+    return out[0, len(prompt_ids):].tolist()
+
+
+def build_tiny_model(kind: str, folder: Path, bundled: Path) -> Path:
+    """Save a tiny randomly initialised Llama or Qwen2 with the bundled tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=1024, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, rms_norm_eps=1e-5)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
+    # random init gives tiny logits; scale up so greedy choices are well separated
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (bundled / name).exists():
+            shutil.copy(bundled / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, session: ModelSession) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {k: build_tiny_model(k, root / k, session.folder) for k in ("llama", "qwen2")}
