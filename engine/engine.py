@@ -27,6 +27,7 @@ from engine.runner import ModelRunner
 from engine.sampler import make_generator
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
+from engine.stopping import append_token, make_output
 
 DEFAULT_CPU_KV_GB = 1.0
 DEFAULT_GPU_KV_FRACTION = 0.4
@@ -297,21 +298,9 @@ class Engine:
             token = sampled.get(i)
             if token is None:
                 continue
-            seq.output_token_ids.append(token)
-            seq.metrics.token_times.append(now)
             self._num_output_tokens += 1
             detok = self._detoks[seq.request_id]
-            p = seq.params
-            reason = None
-            if token in p.stop_token_ids or (not p.ignore_eos and token in eos):
-                reason = "stop"
-            else:
-                detok.add(token)
-                if detok.stopped:
-                    reason = "stop"
-                elif (len(seq.output_token_ids) >= p.max_tokens
-                      or seq.num_tokens >= self.max_model_len):
-                    reason = "length"
+            reason = append_token(seq, token, now, detok, eos, self.max_model_len)
             if reason:
                 self._finish(seq, reason)
             else:
@@ -330,15 +319,5 @@ class Engine:
         self._gens.pop(rid, None)
         handle = self._handles.pop(rid)
         self._num_finished += 1
-        out = RequestOutput(
-            request_id=rid,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=list(seq.output_token_ids),
-            text=detok.text,
-            finish_reason=reason,
-            metrics=seq.metrics,
-            error=error,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_preemptions=seq.num_preemptions,
-        )
+        out = make_output(seq, detok, reason, error)
         handle._finish(out, detok.delta(final=True))

@@ -1,0 +1,95 @@
+"""The local-PC side: batch 1, FIFO queue, contiguous KV reservation, emulated pacing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams, hardware
+from engine.local import LocalRunner
+
+pytestmark = pytest.mark.model
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"]
+
+
+@pytest.fixture(scope="module")
+def local(session):
+    with LocalRunner(session, n_ctx=512) as runner:
+        yield runner
+
+
+def test_greedy_outputs_equal_the_engine(session, local):
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    ours = local.generate(PROMPTS, params)
+    with Engine(EngineConfig(device="cpu", dtype="float32"), session=session) as engine:
+        theirs = engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    assert all(o.emulated is None for o in ours)
+
+
+def test_users_queue_one_after_another(local):
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    handles = [local.submit(p, params) for p in PROMPTS]
+    reserved = []
+    while not handles[-1].done:
+        time.sleep(0.01)
+        s = local.stats()
+        if s.running_id is not None:
+            reserved.append((s.kv_reserved_bytes, s.kv_used_bytes, s.num_waiting))
+    outs = [h.result(timeout=120) for h in handles]
+    for k in range(1, len(outs)):
+        # everyone arrived together: user k waits out the service of every user before it
+        served = sum(o.metrics.e2e - o.metrics.queue_time for o in outs[:k])
+        assert outs[k].metrics.ttft >= served
+        assert outs[k].metrics.ttft >= outs[k - 1].metrics.e2e
+        # served strictly after the previous user finished
+        assert outs[k].metrics.first_scheduled_time >= outs[k - 1].metrics.token_times[-1]
+    per_request = local.n_ctx * local.kv_bytes_per_token
+    assert reserved and all(r == per_request for r, _, _ in reserved)
+    assert all(0 <= used <= r for r, used, _ in reserved)
+    assert local.stats().kv_reserved_bytes == 0  # nothing active, nothing reserved
+
+
+def test_emulated_device_paces_to_the_projection(session):
+    # a 70B model at int4 on a laptop CPU projects a few tokens/s: far slower than this machine
+    with LocalRunner(session, n_ctx=256, device_profile="desktop_cpu",
+                     model_profile="llama-3-8b", precision="fp16") as runner:
+        out = runner.generate(["Tell me about the sea."],
+                              SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    proj = hardware.decode_tokens_per_s("llama-3-8b", "fp16", "desktop_cpu", batch=1,
+                                        context=len(out.prompt_token_ids) + 6)
+    measured = 1.0 / out.metrics.tpot
+    assert measured == pytest.approx(proj.per_user, rel=0.10)
+    assert out.emulated and "Llama-3-8B" in out.emulated and "projected" in out.emulated
+
+
+def test_cancel_while_queued_and_while_running(local):
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    first = local.submit("Keep going", params)
+    second = local.submit("Never served", params)
+    second.cancel()
+    next(iter(first))
+    first.cancel()
+    assert first.result(timeout=60).finish_reason == "cancelled"
+    assert second.result(timeout=60).finish_reason == "cancelled"
+    assert second.result().token_ids == []
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(n_ctx=1), "n_ctx"),
+    (dict(n_ctx=-5), "n_ctx"),
+    (dict(device_profile="toaster", model_profile="llama-2-7b"), "hardware"),
+    (dict(device_profile="rtx4090", model_profile="gpt-9"), "model"),
+    (dict(device_profile="rtx4090"), "model_profile"),
+    (dict(device_profile="rtx4090", model_profile="llama-2-7b", precision="fp3"), "precision"),
+])
+def test_bad_settings_name_the_field(session, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        LocalRunner(session, **kwargs)
+
+
+def test_prompt_longer_than_n_ctx_is_rejected(local):
+    with pytest.raises(ValueError, match="n_ctx"):
+        local.submit("word " * 600, SamplingParams(max_tokens=4))
