@@ -15,10 +15,37 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.attention import AttentionMetadata, PrefillChunk, gather_index
+from engine.models.attention import AttentionMetadata, DecodeGroup, PrefillChunk, gather_index
 from engine.models.llama import LlamaModel
 from engine.sampler import sample
 from engine.sequence import Sequence
+
+GROUP_OVERHEAD = 24  # cost of one more decode group, in padded (request x block) units
+
+
+def split_by_length(num_blocks: list[int], depth: int = 2) -> list[tuple[int, int]]:
+    """Split ascending per-request block counts into runs [start, end) padded separately.
+
+    A group pads every member to its longest one; splitting saves padded work but costs
+    more calls per layer. Take the best single split if it saves more than that overhead,
+    then try again inside each half (up to 2**depth groups).
+    """
+    return _split(num_blocks, 0, len(num_blocks), depth)
+
+
+def _split(nb: list[int], start: int, end: int, depth: int) -> list[tuple[int, int]]:
+    if end <= start:
+        return []
+    whole = (end - start) * nb[end - 1]
+    best, cut = whole, None
+    if depth > 0:
+        for i in range(start + 1, end):
+            cost = (i - start) * nb[i - 1] + (end - i) * nb[end - 1] + GROUP_OVERHEAD
+            if cost < best:
+                best, cut = cost, i
+    if cut is None:
+        return [(start, end)]
+    return _split(nb, start, cut, depth - 1) + _split(nb, cut, end, depth - 1)
 
 
 class ModelRunner:
@@ -55,7 +82,9 @@ class ModelRunner:
         Returns (input_ids, positions, meta, logits_rows, sampled_entry_indices).
         """
         bs = self.block_size
-        decode = [i for i, (_, n) in enumerate(entries) if n == 1]
+        # decode rows sorted by context length, so similar lengths share a padded group
+        decode = sorted((i for i, (_, n) in enumerate(entries) if n == 1),
+                        key=lambda i: entries[i][0].num_computed_tokens)
         prefill = [i for i, (_, n) in enumerate(entries) if n > 1]
         ids: list[int] = []
         pos: list[int] = []
@@ -78,16 +107,15 @@ class ModelRunner:
                 sampled.append(i)
         meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
         dev = self.model.device
-        if decode:
-            max_blocks = max(len(t) for t in dec_tables)
-            flat = [b for t in dec_tables for b in t + [0] * (max_blocks - len(t))]
-            meta.num_decode = len(decode)
-            meta.decode_max_blocks = max_blocks
-            meta.decode_gather_index = self._gather_index(flat)
-            lens = torch.tensor(ctx_lens)
-            pad = torch.arange(max_blocks * bs)[None, :] >= lens[:, None]
+        for start, end in split_by_length([len(t) for t in dec_tables]):
+            tables, lens = dec_tables[start:end], ctx_lens[start:end]
+            max_blocks = len(tables[-1])
+            flat = [b for t in tables for b in t + [0] * (max_blocks - len(t))]
+            pad = torch.arange(max_blocks * bs)[None, :] >= torch.tensor(lens)[:, None]
             bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))
-            meta.decode_bias = bias.view(1, len(decode), 1, -1).to(dev)
+            meta.decode_groups.append(DecodeGroup(
+                start, end - start, self._gather_index(flat),
+                bias.view(1, end - start, 1, -1).to(device=dev, dtype=torch.float32)))
         for i in prefill:
             seq, n = entries[i]
             start = seq.num_computed_tokens

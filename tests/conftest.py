@@ -3,6 +3,7 @@ tiny randomly initialised Llama / Qwen2 folders built on the fly."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import torch
 from engine.models.session import ModelSession
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# the device tests run on; set BATCHLENS_TEST_DEVICE=cuda on a GPU machine
+TEST_DEVICE = os.environ.get("BATCHLENS_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -30,11 +33,11 @@ def hf_model(session: ModelSession):
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """transformers `generate`, one prompt at a time, greedy, EOS ignored."""
-    ids = torch.tensor([prompt_ids])
+    """transformers `generate`, one prompt at a time, greedy, EOS ignored (not masked)."""
+    ids = torch.tensor([prompt_ids], device=model.device)
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+        do_sample=False, pad_token_id=0, eos_token_id=None,
     )
     return out[0, len(prompt_ids):].tolist()
 
@@ -64,6 +67,16 @@ def build_tiny_model(kind: str, folder: Path, bundled: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory, session: ModelSession) -> dict[str, Path]:
+def tokenizer_dir() -> Path:
+    """A folder with the bundled tokenizer's files ($BATCHLENS_TOKENIZER_DIR overrides)."""
+    if os.environ.get("BATCHLENS_TOKENIZER_DIR"):
+        return Path(os.environ["BATCHLENS_TOKENIZER_DIR"])
+    from engine.models import loader
+
+    return loader.hf_folder(loader.resolve_model(None))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, tokenizer_dir: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return {k: build_tiny_model(k, root / k, session.folder) for k in ("llama", "qwen2")}
+    return {k: build_tiny_model(k, root / k, tokenizer_dir) for k in ("llama", "qwen2")}

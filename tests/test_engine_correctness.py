@@ -8,7 +8,7 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.models.attention import AttentionMetadata, PrefillChunk
 from engine.models.session import ModelSession
-from tests.conftest import hf_greedy
+from tests.conftest import TEST_DEVICE, hf_greedy
 
 pytestmark = pytest.mark.model
 
@@ -84,13 +84,14 @@ def test_tiny_random_models_match(kind, tiny_models):
     from transformers import AutoModelForCausalLM
 
     folder = tiny_models[kind]
-    sess = ModelSession.load(str(folder), device="cpu", dtype="float32")
+    sess = ModelSession.load(str(folder), device=TEST_DEVICE, dtype="float32")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf = hf.to(TEST_DEVICE)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 1024, (n,), generator=g).tolist() for n in (3, 17, 40, 9)]
     ref = [hf_greedy(hf, p, 16) for p in prompts]
-    config = EngineConfig(device="cpu", dtype="float32", block_size=4,
-                          max_num_batched_tokens=20)
+    config = EngineConfig(device=TEST_DEVICE, dtype="float32", block_size=4,
+                          max_num_batched_tokens=20, num_kv_blocks=64)
     with Engine(config, session=sess) as engine:
         outs = engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     assert [o.token_ids for o in outs] == ref

@@ -112,3 +112,17 @@ def test_snapshot_matches_stats():
 def test_bad_sizes_name_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
         KVCacheManager(**kwargs)
+
+
+def test_decode_groups_split_only_when_padding_is_costly():
+    from engine.runner import split_by_length
+
+    assert split_by_length([3, 3, 3, 4]) == [(0, 4)]  # splitting saves less than overhead
+    groups = split_by_length([1] * 30 + [35] * 30)
+    assert groups == [(0, 30), (30, 60)]
+    lens = sorted([1, 2, 5, 9, 20, 20, 33, 34, 35] * 6)
+    groups = split_by_length(lens)
+    assert groups[0][0] == 0 and groups[-1][1] == len(lens)
+    assert all(a < b for a, b in groups) and len(groups) <= 4
+    assert all(g1[1] == g2[0] for g1, g2 in zip(groups, groups[1:], strict=False))
+    assert split_by_length([]) == []

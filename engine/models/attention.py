@@ -39,14 +39,21 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows [start, start + num_seqs) whose block tables are padded to one length."""
+
+    start: int
+    num_seqs: int
+    gather_index: torch.Tensor  # gather_index of the padded block tables
+    bias: torch.Tensor  # [1, S, 1, max_blocks * block_size]: 0 for real keys, -inf for padding
+
+
+@dataclass
 class AttentionMetadata:
     """Everything the attention of one step needs, built once and shared by all layers."""
 
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written
-    num_decode: int = 0  # rows [0, num_decode) are decode tokens
-    decode_gather_index: torch.Tensor | None = None  # gather_index of the padded block tables
-    decode_max_blocks: int = 0
-    decode_bias: torch.Tensor | None = None  # [1, S, 1, max_blocks * block_size]: 0 or -inf
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # rows from 0 on
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -105,14 +112,13 @@ def paged_attention(
     kvh = k.shape[1]
     group = h // kvh
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
-    s = meta.num_decode
-    if s:
+    for g in meta.decode_groups:
+        rows, s = slice(g.start, g.start + g.num_seqs), g.num_seqs
         # query heads of one kv head act as that head's "query length": [kvh, S, group, d]
-        qd = q[:s].view(s, kvh, group, d).transpose(0, 1)
-        kd = gather_kv(k_cache, meta.decode_gather_index, s)
-        vd = gather_kv(v_cache, meta.decode_gather_index, s)
-        out[:s] = decode_attention(qd, kd, vd, meta.decode_bias, scale).transpose(0, 1).reshape(
-            s, h, d)
+        qd = q[rows].view(s, kvh, group, d).transpose(0, 1)
+        kd = gather_kv(k_cache, g.gather_index, s)
+        vd = gather_kv(v_cache, g.gather_index, s)
+        out[rows] = decode_attention(qd, kd, vd, g.bias, scale).transpose(0, 1).reshape(s, h, d)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
         qc = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
