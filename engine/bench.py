@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import random
 import sys
 import time
@@ -23,6 +25,7 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
+from engine.local import LocalRunner
 from engine.metrics import RequestMetrics, RunSummary, summarize
 from engine.models.session import ModelSession
 
@@ -194,9 +197,10 @@ def run_hf_continuous(ctx: BenchContext) -> list[RunResult]:
             elif out is None and not mgr.is_running():
                 raise RuntimeError(f"manager stopped after {len(done)}/{len(rids)} requests")
         end = time.monotonic()
-    bad = [rid for rid in rids if done[rid].error]
+    bad = [rid for rid, r in zip(rids, reqs, strict=True)
+           if done[rid].error or len(done[rid].generated_tokens) != r.max_tokens]
     if bad:
-        raise RuntimeError(f"{len(bad)} requests failed: {done[bad[0]].error}")
+        raise RuntimeError(f"{len(bad)} requests failed or fell short: {done[bad[0]].error}")
     metrics = [RequestMetrics(arrival_time=t0, token_times=[t + shift for t in done[rid].timestamps])
                for rid in rids]
     return [_result("hf_continuous", metrics, t0, end)]
@@ -234,35 +238,52 @@ def run_engine(ctx: BenchContext) -> list[RunResult]:
     return results
 
 
-# The registry of runs, in run order. The local side (engine/local.py LocalRunner) is added
-# here as one more entry, e.g. "local": run_local returning [RunResult("local", ...)].
+def run_local(ctx: BenchContext) -> list[RunResult]:
+    """The local PC: one user alone, then every request queued on one PC (sequential)."""
+    results = []
+    with LocalRunner(ctx.session, n_ctx=2048) as local:
+        local.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+        for name, reqs in (("local@1", ctx.requests[:1]),
+                           (f"local@{len(ctx.requests)}", ctx.requests)):
+            print(f"  {name} ...", file=sys.stderr, flush=True)
+            params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
+            t0 = time.monotonic()
+            outs = local.generate([list(r.prompt_ids) for r in reqs], params)
+            results.append(_result(name, [o.metrics for o in outs], t0, time.monotonic()))
+    return results
+
+
+# The registry of runs, in run order.
 RUNS: dict[str, Callable[[BenchContext], list[RunResult]]] = {
     "hf_batch1": run_hf_batch1,
     "hf_static": run_hf_static,
     "hf_continuous": run_hf_continuous,
     "engine": run_engine,
+    "local": run_local,
 }
 
 
-def other_cpu_busy(interval: float = 1.0) -> float:
-    """Fraction of all CPU time used over `interval` s while this process idles (Linux)."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]  # total, idle + iowait
-
+def cpu_sample() -> tuple[float, float, float]:
+    """(all CPUs' seconds, their busy seconds, this process's CPU seconds); Linux /proc/stat."""
     try:
-        (t1, i1), _, (t2, i2) = sample(), time.sleep(interval), sample()
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
     except OSError:
-        return 0.0
-    return 1 - (i2 - i1) / (t2 - t1) if t2 > t1 else 0.0
+        return 0.0, 0.0, time.process_time()
+    hz = os.sysconf("SC_CLK_TCK")
+    return sum(v) / hz, (sum(v) - v[3] - v[4]) / hz, time.process_time()
+
+
+def others_busy(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """Share of all CPU time between two samples used by other processes."""
+    total = b[0] - a[0]
+    return max(0.0, (b[1] - a[1] - (b[2] - a[2])) / total) if total > 0 else 0.0
 
 
 def format_table(results: list[RunResult]) -> str:
-    """A fixed-width table: tok/s, TTFT and TPOT p50/p99 (ms) per run."""
+    """A fixed-width table: tok/s, TTFT and TPOT p50/p99 (ms), others' CPU share per run."""
     head = (f"{'run':<14}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}"
-            f"{'TPOT p99':>10}{'tokens':>8}{'wall s':>8}")
+            f"{'TPOT p99':>10}{'tokens':>8}{'wall s':>8}{'others':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         s = r.summary
@@ -271,7 +292,9 @@ def format_table(results: list[RunResult]) -> str:
             continue
         ms = [v * 1000 for v in (s.ttft_p50, s.ttft_p99, s.tpot_p50, s.tpot_p99)]
         lines.append(f"{r.name:<14}{s.throughput:>9.1f}" + "".join(f"{v:>10.0f}" for v in ms)
-                     + f"{s.output_tokens:>8}{s.wall_time:>8.1f}")
+                     + f"{s.output_tokens:>8}{s.wall_time:>8.1f}"
+                     + f"{r.extra.get('others_cpu', math.nan):>8.0%}")
+    lines.append("(ms; all requests arrive at t=0; others: CPU share other processes used)")
     return "\n".join(lines)
 
 
@@ -280,77 +303,95 @@ def ratios(results: list[RunResult]) -> dict[str, float]:
     tput = {r.name: r.summary.throughput for r in results if r.summary}
     engines = [n for n in tput if n.startswith("engine@")]
     top = max(engines, key=lambda n: int(n.split("@")[1]), default=None)
-    pairs = [(top, "hf_static"), (top, "hf_continuous"), ("engine@1", "hf_batch1")]
+    local = f"local@{top.split('@')[1]}" if top else None
+    pairs = [(top, "hf_static"), (top, "hf_continuous"), ("engine@1", "hf_batch1"),
+             (top, local), ("engine@1", "local@1")]
     return {f"{a} / {b}": tput[a] / tput[b] for a, b in pairs if a in tput and b in tput}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, load the model once, run the chosen runs, print and optionally save."""
+def report(results: list[RunResult]) -> str:
+    """The table, the throughput ratios and each engine run's KV waste, as printed."""
+    out = [format_table(results)]
+    if rat := ratios(results):
+        out.append("throughput ratios: " + ", ".join(f"{k} = {v:.2f}x" for k, v in rat.items()))
+    for r in results:
+        if "kv_waste" in r.extra:
+            w = r.extra["kv_waste"]
+            out.append(f"{r.name}: reserved-but-unused KV slots "
+                       f"{f'{w:.1%}' if isinstance(w, float) else w} over {r.extra['steps']} "
+                       f"steps, {r.extra['preemptions']} preemptions, "
+                       f"{r.extra['cached_prompt_tokens']} prompt tokens from the prefix cache")
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; `--quick` and `--requests` resolve into n, lengths, concurrency."""
     ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 short requests, concurrency 1,8,16")
     ap.add_argument("--requests", type=int, help="number of requests (default 64, quick 16)")
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(RUNS)}")
+    ap.add_argument("--model", help="local HF folder or .gguf (default: the bundled model)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     a = ap.parse_args(argv)
-    only = a.only.split(",") if a.only else list(RUNS)
-    if unknown := set(only) - set(RUNS):
+    a.only = a.only.split(",") if a.only else list(RUNS)
+    if unknown := set(a.only) - set(RUNS):
         ap.error(f"--only: unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
+    a.n = (16 if a.quick else 64) if a.requests is None else a.requests
+    if a.n < 1 or (a.threads is not None and a.threads < 1):
+        ap.error("--requests and --threads must be >= 1")
+    a.prompt_len, a.max_tok = ((10, 100), (8, 48)) if a.quick else ((10, 300), (16, 256))
+    a.conc = sorted({min(c, a.n) for c in ((1, 8, 16) if a.quick else (1, 8, 32, 64))})
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load the model once, run the chosen runs in turn, print and optionally save."""
+    a = parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    n = a.requests or (16 if a.quick else 64)
-    prompt_len, max_tok = ((10, 100), (8, 48)) if a.quick else ((10, 300), (16, 256))
-    conc = sorted({min(c, n) for c in ((1, 8, 16) if a.quick else (1, 8, 32, 64))})
-
     import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     print("loading model ...", file=sys.stderr, flush=True)
-    session = ModelSession.load(None, a.device, a.dtype)
+    session = ModelSession.load(a.model, a.device, a.dtype)
     corpus = list(session.tokenizer(TEXT, add_special_tokens=False)["input_ids"])
-    reqs = make_requests(corpus, n, a.seed, prompt_len, max_tok)
-    ctx = BenchContext(session, reqs, conc)
+    reqs = make_requests(corpus, a.n, a.seed, a.prompt_len, a.max_tok)
+    ctx = BenchContext(session, reqs, a.conc)
     dtype = str(session.model.dtype).removeprefix("torch.")
     print(f"model {session.name} on {session.model.device}, dtype {dtype} "
           f"({session.dtype_reason}), {torch.get_num_threads()} threads")
-    print(f"{n} requests (seed {a.seed}): prompt {prompt_len[0]}-{prompt_len[1]} tokens, "
-          f"max_tokens {max_tok[0]}-{max_tok[1]}, greedy, EOS ignored, all arriving at t=0; "
+    print(f"{a.n} requests (seed {a.seed}): prompt {a.prompt_len[0]}-{a.prompt_len[1]} tokens, "
+          f"max_tokens {a.max_tok[0]}-{a.max_tok[1]}, greedy, EOS ignored; "
           f"{sum(r.max_tokens for r in reqs)} output tokens per run")
-    if (busy := other_cpu_busy()) > 0.1:
-        print(f"warning: the CPUs were {busy:.0%} busy with other work just before the runs; "
-              "it slows and skews every figure")
+    cpu0 = cpu_sample()
+    time.sleep(1.0)
+    if (busy := others_busy(cpu0, cpu_sample())) > 0.1:
+        print(f"warning: other processes used {busy:.0%} of the CPUs just before the runs")
     results: list[RunResult] = []
-    for name in [k for k in RUNS if k in only]:
+    for name in [k for k in RUNS if k in a.only]:
         print(f"run {name} ...", file=sys.stderr, flush=True)
-        t = time.monotonic()
+        t, cpu0 = time.monotonic(), cpu_sample()
         try:
-            results += RUNS[name](ctx)
+            got = RUNS[name](ctx)
         except Exception as exc:  # one failing run must not lose the others
             traceback.print_exc(file=sys.stderr)
-            results.append(RunResult(name, na=f"{type(exc).__name__}: {exc}"))
+            got = [RunResult(name, na=f"{type(exc).__name__}: {exc}")]
+        for r in got:
+            r.extra["others_cpu"] = others_busy(cpu0, cpu_sample())
+        results += got
         print(f"run {name} done in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
-    print()
-    print(format_table(results))
-    rat = ratios(results)
-    if rat:
-        print("\nthroughput ratios: " + ", ".join(f"{k} = {v:.2f}x" for k, v in rat.items()))
-    for r in results:
-        if "kv_waste" in r.extra:
-            w = r.extra["kv_waste"]
-            w = f"{w:.1%}" if isinstance(w, float) else w
-            print(f"{r.name}: reserved-but-unused KV slots {w} (over {r.extra['steps']} steps), "
-                  f"{r.extra['preemptions']} preemptions, "
-                  f"{r.extra['cached_prompt_tokens']} prompt tokens from the prefix cache")
+    print("\n" + report(results))
     if a.json:
         doc = {"model": session.name, "device": str(session.model.device), "dtype": dtype,
-               "threads": torch.get_num_threads(), "requests": n, "seed": a.seed,
+               "threads": torch.get_num_threads(), "requests": a.n, "seed": a.seed,
                "runs": {r.name: {"summary": r.summary.as_dict() if r.summary else None,
                                  "na": r.na, **r.extra} for r in results},
-               "ratios": rat}
+               "ratios": ratios(results)}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0

@@ -1,0 +1,82 @@
+"""engine.bench pieces that need no model: request generation, table, ratios, report."""
+
+import pytest
+
+from engine.bench import (
+    RUNS,
+    RunResult,
+    format_table,
+    make_requests,
+    others_busy,
+    parse_args,
+    ratios,
+    report,
+)
+from engine.metrics import RequestMetrics, summarize
+
+CORPUS = list(range(100, 400))
+
+
+def test_make_requests_is_deterministic_and_in_range():
+    a = make_requests(CORPUS, 64, 0, (10, 300), (16, 256))
+    assert a == make_requests(CORPUS, 64, 0, (10, 300), (16, 256))
+    assert a != make_requests(CORPUS, 64, 1, (10, 300), (16, 256))
+    assert len(a) == 64
+    assert all(10 <= len(r.prompt_ids) <= 300 and 16 <= r.max_tokens <= 256 for r in a)
+    assert all(set(r.prompt_ids) <= set(CORPUS) for r in a)
+    # prompts start at different offsets, so they rarely share a prefix
+    assert len({r.prompt_ids[:4] for r in a}) > 48
+
+
+def test_make_requests_wraps_a_short_corpus_and_rejects_an_empty_one():
+    reqs = make_requests([5, 6, 7], 3, 0, (10, 10), (1, 1))
+    assert all(len(r.prompt_ids) == 10 and set(r.prompt_ids) <= {5, 6, 7} for r in reqs)
+    with pytest.raises(ValueError, match="corpus_ids"):
+        make_requests([], 1, 0, (1, 2), (1, 2))
+
+
+def _run(name: str, step: float, n_tokens: int = 5) -> RunResult:
+    ms = [RequestMetrics(arrival_time=0.0, token_times=[step * (k + 1) for k in range(n_tokens)])
+          for _ in range(4)]
+    return RunResult(name, summarize(ms, wall_time=step * n_tokens))
+
+
+def test_format_table_ratios_and_report():
+    results = [
+        _run("hf_batch1", 0.1), _run("hf_static", 0.05), _run("engine@1", 0.05),
+        _run("engine@8", 0.01), RunResult("hf_continuous", na="no generate_batch"),
+    ]
+    results[-2].extra = {"kv_waste": 0.125, "steps": 7, "preemptions": 0,
+                         "cached_prompt_tokens": 0, "others_cpu": 0.0}
+    table = format_table(results)
+    lines = table.splitlines()
+    assert lines[0].split()[:2] == ["run", "tok/s"]
+    assert "hf_continuous n/a: no generate_batch" in " ".join(table.split())
+    row = next(ln for ln in lines if ln.startswith("engine@8")).split()
+    assert row[1] == "400.0"  # 20 tokens / 0.05 s
+    assert row[2] == "10"  # TTFT p50 in ms
+    rat = ratios(results)
+    assert rat == {"engine@8 / hf_static": pytest.approx(5.0),
+                   "engine@1 / hf_batch1": pytest.approx(2.0)}
+    text = report(results)
+    assert "engine@8: reserved-but-unused KV slots 12.5% over 7 steps" in text
+    assert "engine@8 / hf_static = 5.00x" in text
+
+
+def test_parse_args_quick_and_only():
+    a = parse_args(["--quick", "--only", "engine,hf_static"])
+    assert (a.n, a.prompt_len, a.max_tok, a.conc) == (16, (10, 100), (8, 48), [1, 8, 16])
+    assert a.only == ["engine", "hf_static"]
+    a = parse_args(["--requests", "4"])
+    assert a.n == 4 and a.conc == [1, 4]
+    assert parse_args([]).conc == [1, 8, 32, 64]
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nope"])
+    with pytest.raises(SystemExit):
+        parse_args(["--requests", "0"])
+    assert set(RUNS) == {"hf_batch1", "hf_static", "hf_continuous", "engine"}
+
+
+def test_others_busy_subtracts_this_process():
+    assert others_busy((0.0, 0.0, 0.0), (10.0, 6.0, 4.0)) == pytest.approx(0.2)
+    assert others_busy((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)) == 0.0
