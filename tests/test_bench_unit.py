@@ -74,7 +74,7 @@ def test_parse_args_quick_and_only():
         parse_args(["--only", "nope"])
     with pytest.raises(SystemExit):
         parse_args(["--requests", "0"])
-    assert set(RUNS) == {"hf_batch1", "hf_static", "hf_continuous", "engine"}
+    assert set(RUNS) == {"hf_batch1", "hf_static", "hf_continuous", "engine", "local"}
 
 
 def test_others_busy_subtracts_this_process():
