@@ -20,7 +20,7 @@ run: setup
 	$(BIN)/streamlit run app.py
 
 chromium:
-	@test -x /usr/bin/chromium || (apt-get update -qq && \
+	@test -x /usr/bin/chromium || (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends chromium)
 
 test: setup chromium

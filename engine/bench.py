@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from engine import compute
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.local import LocalRunner
@@ -116,8 +117,12 @@ class BenchContext:
         from transformers import AutoModelForCausalLM
 
         m = self.session.model
-        hf = AutoModelForCausalLM.from_pretrained(self.session.folder, dtype=m.dtype)
-        return hf.to(m.device).eval()
+
+        def load() -> Any:
+            hf = AutoModelForCausalLM.from_pretrained(self.session.folder, dtype=m.dtype)
+            return hf.to(m.device).eval()
+
+        return compute.run(load)
 
     @property
     def pad_id(self) -> int:
@@ -125,7 +130,12 @@ class BenchContext:
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
     def hf_generate(self, reqs: list[BenchRequest], new_tokens: int) -> list[float]:
-        """One left-padded greedy `generate` of exactly `new_tokens`; the step times."""
+        """One left-padded greedy `generate` of exactly `new_tokens`; the step times.
+
+        Runs on the compute thread, where the engine's steps run too (see engine.compute)."""
+        return compute.run(self._hf_generate, reqs, new_tokens)
+
+    def _hf_generate(self, reqs: list[BenchRequest], new_tokens: int) -> list[float]:
         width = max(len(r.prompt_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from engine import compute
 from engine.models.attention import AttentionMetadata, DecodeGroup, PrefillChunk, gather_index
-from engine.models.llama import LlamaModel
+from engine.models.llama import LlamaModel, ModelSpec
 from engine.sampler import sample
 from engine.sequence import Sequence
 
@@ -57,8 +58,14 @@ class ModelRunner:
         self.num_blocks = num_blocks
         spec = model.spec
         self.num_kv_heads = spec.num_kv_heads
+        self.kv_caches = compute.run(self._allocate, spec, num_blocks, block_size)
+
+    def _allocate(
+        self, spec: ModelSpec, num_blocks: int, block_size: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        model = self.model
         shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
-        self.kv_caches = [
+        return [
             (
                 torch.zeros(shape, dtype=model.dtype, device=model.device),
                 torch.zeros(shape, dtype=model.dtype, device=model.device),
@@ -146,7 +153,16 @@ class ModelRunner:
         block_tables: dict[str, list[int]],
         generators: dict[str, torch.Generator | None],
     ) -> dict[int, int]:
-        """Run one step; map entry index -> sampled token for requests that completed."""
+        """Run one step on the compute thread; map entry index -> sampled token for the
+        requests whose last token was computed."""
+        return compute.run(self._execute, entries, block_tables, generators)
+
+    def _execute(
+        self,
+        entries: list[tuple[Sequence, int]],
+        block_tables: dict[str, list[int]],
+        generators: dict[str, torch.Generator | None],
+    ) -> dict[int, int]:
         ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
         logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
         params = [entries[i][0].params for i in sampled]

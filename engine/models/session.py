@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine import compute
 from engine.models import loader
 from engine.models.llama import LlamaModel
 
@@ -75,7 +76,11 @@ class ModelSession:
     def load(
         cls, model: str | None = None, device: str = "auto", dtype: str = "auto"
     ) -> ModelSession:
-        """Resolve, convert if needed (GGUF, once), and load a model."""
+        """Resolve, convert if needed (GGUF, once), and load a model (on the compute thread)."""
+        return compute.run(cls._load, model, device, dtype)
+
+    @classmethod
+    def _load(cls, model: str | None, device: str, dtype: str) -> ModelSession:
         source = loader.resolve_model(model)
         folder = loader.hf_folder(source)
         dev = pick_device(device)
