@@ -73,6 +73,8 @@ class Engine:
     `shutdown()` when done."""
 
     def __init__(self, config: EngineConfig | None = None, *, session: ModelSession | None = None):
+        """Load the model (or share an already loaded `session`, whose model, device and
+        dtype then take the place of the config's), size the KV pool, start the loop."""
         self.config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -98,7 +100,7 @@ class Engine:
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._gens: dict[str, torch.Generator | None] = {}
         self._state_lock = threading.Lock()
-        self._steps: deque[StepStats] = deque(maxlen=2048)
+        self._steps: deque[StepStats] = deque(maxlen=16384)
         self._num_steps = self._num_finished = self._num_output_tokens = 0
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="batchlens-engine", daemon=True)
@@ -265,6 +267,7 @@ class Engine:
 
     def _step(self, batch: ScheduledBatch) -> None:
         start = time.monotonic()
+        n_dec = sum(1 for s, n in batch.entries if n == 1 and s.num_remaining == 1)
         for seq, _ in batch.entries:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = start
@@ -279,9 +282,7 @@ class Engine:
             return
         now = time.monotonic()
         with self._state_lock:
-            self._update(batch, sampled, now)
-            kvs = self.kv.stats()
-            n_dec = sum(1 for _, n in batch.entries if n == 1)
+            kvs = self._update(batch, sampled, now)
             self._steps.append(StepStats(
                 start=start, duration=now - start, num_seqs=len(batch.entries),
                 num_prefill_tokens=batch.num_tokens - n_dec, num_decode_tokens=n_dec,
@@ -290,11 +291,17 @@ class Engine:
             ))
             self._num_steps += 1
 
-    def _update(self, batch: ScheduledBatch, sampled: dict[int, int], now: float) -> None:
+    def _update(
+        self, batch: ScheduledBatch, sampled: dict[int, int], now: float
+    ) -> KVCacheStats:
+        """Apply a step's results; return the KV stats as the step left them (before
+        finished requests free their blocks)."""
         eos = self.session.eos_token_ids
-        for i, (seq, n) in enumerate(batch.entries):
+        for seq, n in batch.entries:
             seq.num_computed_tokens += n
             self.kv.record_computed(seq.request_id, seq.token_ids, seq.num_computed_tokens)
+        kv_stats = self.kv.stats()
+        for i, (seq, _) in enumerate(batch.entries):
             token = sampled.get(i)
             if token is None:
                 continue
@@ -305,6 +312,7 @@ class Engine:
                 self._finish(seq, reason)
             else:
                 self._handles[seq.request_id]._push(detok.delta(), len(seq.output_token_ids))
+        return kv_stats
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """End a request: free its blocks, hand the final output to its handle."""
