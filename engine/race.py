@@ -1,0 +1,447 @@
+"""A race: the same prompts on the local PC and on the datacenter engine, side by side.
+
+Fair on a small CPU: the two sides never run at the same time, so neither steals cores
+from the other. Each side gets every thread torch has, runs alone, and is replayed on one
+shared timeline where each side's t=0 is its own start::
+
+    datacenter  t=0 |== all users batched together ==|
+    local                                             t=0 |= user 0 =|= user 1 =|= ... =|
+    timeline        0 ------------------------------------------------------------> s
+                    both sides drawn from their own t=0
+
+A background thread submits every user's request to one side, samples progress every
+`interval` seconds (tokens, KV memory, datacenter batch size per step) and, when that
+side is done, moves on to the next. `snapshot()` returns a copy, safe from any thread.
+`touch()` is a heartbeat: without one for `heartbeat_timeout` seconds (a closed browser
+tab) the race cancels its own requests. Every figure comes from `engine.metrics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.config import SamplingParams
+from engine.engine import Engine, StepStats
+from engine.local import LocalRunner
+from engine.metrics import RunSummary, summarize
+from engine.models.session import Prompt
+from engine.outputs import RequestHandle, RequestOutput
+
+SIDES = ("datacenter", "local")
+LABELS = {"datacenter": "datacenter", "local": "local PC"}
+MAX_SERIES_POINTS = 400
+
+
+@dataclass(frozen=True)
+class SideView:
+    """One side's live figures. Times in seconds since this side's own t=0."""
+
+    side: str
+    num_users: int
+    started: bool
+    finished: bool
+    elapsed: float
+    your_text: str
+    your_ttft: float | None
+    your_tokens_per_s: float | None
+    total_tokens: int
+    total_tokens_per_s: float | None
+    users_finished: int
+    users_ahead_of_you: int | None  # in the side's queue; 0 = being served; None = done
+
+
+@dataclass(frozen=True)
+class RaceSnapshot:
+    """A copy of the race's state; series are lists of plain dicts (one row each)."""
+
+    phase: str  # "datacenter", "local", "done", "stopped", "abandoned" or "error"
+    elapsed: float
+    sides: dict[str, SideView]
+    tokens: list[dict[str, Any]]  # side, t, tokens
+    kv: list[dict[str, Any]]  # side, t, kind ("reserved" | "used"), bytes
+    batch: list[dict[str, Any]]  # t, num_seqs: datacenter sequences per step
+    rows: list[dict[str, Any]]  # per finished request: side, user, you, ttft, tpot, ...
+    finished: bool
+    summary: str | None
+    ratio: float | None
+    error: str | None
+
+
+@dataclass
+class _Side:
+    name: str
+    runner: Engine | LocalRunner
+    handles: list[RequestHandle] = field(default_factory=list)
+    t0: float | None = None
+    t_end: float | None = None
+    first_token_seen: float | None = None
+    outputs: list[RequestOutput] | None = None
+    summary: RunSummary | None = None
+    last_step_start: float = 0.0
+    users_ahead: int | None = None
+
+
+def _fit_error(n: int, max_tokens: int, limit: int, where: str) -> str | None:
+    """A readable message when a prompt of `n` tokens plus `max_tokens` does not fit."""
+    if n >= limit:
+        return (f"prompt: {n} tokens does not fit the {where} of {limit} tokens "
+                f"(allowed: 1 to {limit - 1} tokens)")
+    if n + max_tokens > limit:
+        return (f"max_tokens: {max_tokens} plus a {n}-token prompt exceeds the {where} of "
+                f"{limit} tokens (allowed: 1 to {limit - n})")
+    return None
+
+
+def _new_steps(steps: tuple[StepStats, ...], after: float) -> list[StepStats]:
+    """The steps that started after `after`, oldest first (read from the newest end)."""
+    new = []
+    for step in reversed(steps):
+        if step.start <= after:
+            break
+        new.append(step)
+    return new[::-1]
+
+
+def _thin(points: list[dict[str, Any]], limit: int = MAX_SERIES_POINTS) -> list[dict[str, Any]]:
+    """Every k-th point plus the last, so a chart never gets more than ~`limit` points."""
+    if len(points) <= limit:
+        return list(points)
+    step = -(-len(points) // limit)
+    return points[::step] + ([points[-1]] if (len(points) - 1) % step else [])
+
+
+class Race:
+    """Run `prompts` (one per user, in arrival order) on both sides, one side at a time.
+
+    `you` is the index of the presenter's own request. Prompts are encoded and checked
+    against both sides' limits here, so a bad input raises `ValueError` before anything runs.
+    """
+
+    def __init__(
+        self, engine: Engine, local: LocalRunner, prompts: list[Prompt],
+        params: SamplingParams, *, you: int = 0, order: tuple[str, ...] = SIDES,
+        heartbeat_timeout: float | None = 5.0, interval: float = 0.1,
+        close_local: bool = False,
+    ) -> None:
+        if not prompts:
+            raise ValueError("users: at least one prompt is needed")
+        if not 0 <= you < len(prompts):
+            raise ValueError(f"you: must be in [0, {len(prompts) - 1}], got {you}")
+        if sorted(order) != sorted(SIDES):
+            raise ValueError(f"order: must name each of {SIDES} once, got {order}")
+        self.engine, self.local, self.params, self.you = engine, local, params, you
+        self.order, self.heartbeat_timeout, self.interval = tuple(order), heartbeat_timeout, interval
+        self.close_local = close_local
+        self.prompt_ids = self._encode(prompts)
+        self.race_id = f"race-{uuid.uuid4().hex[:8]}"
+        self.num_threads = torch.get_num_threads()
+        self._sides = {"datacenter": _Side("datacenter", engine), "local": _Side("local", local)}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._tokens: list[dict[str, Any]] = []
+        self._kv: list[dict[str, Any]] = []
+        self._batch: list[dict[str, Any]] = []
+        self._phase = "waiting"
+        self._error: str | None = None
+        self._abandoned = False
+        self._t_start: float | None = None
+        self._t_done: float | None = None
+        self._last_touch = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=self.race_id, daemon=True)
+
+    # ---- set-up ----------------------------------------------------------------------
+    def _encode(self, prompts: list[Prompt]) -> list[list[int]]:
+        session, cache = self.engine.session, {}
+        dc_limit = min(self.engine.max_model_len, self.engine.pool_tokens)
+        dc_where = ("datacenter model context" if self.engine.max_model_len <= self.engine.pool_tokens
+                    else "datacenter KV pool")
+        out = []
+        for prompt in prompts:
+            key = repr(prompt)
+            if key not in cache:
+                ids = session.encode(prompt)
+                n = len(ids)
+                err = (_fit_error(n, self.params.max_tokens, dc_limit, dc_where)
+                       or _fit_error(n, self.params.max_tokens, self.local.n_ctx,
+                                     "local PC's context window (n_ctx)"))
+                if err:
+                    raise ValueError(err)
+                cache[key] = ids
+            out.append(cache[key])
+        return out
+
+    def describe(self) -> dict[str, str]:
+        """How this race is measured, for the "How this was measured" panel."""
+        dc, loc = self.engine.stats(), self.local.stats()
+        first, second = (LABELS[s] for s in self.order)
+        return {
+            "order": f"{first} first, then {second}: never both at once",
+            "timeline": "each side's t=0 is its own first request; all users arrive at t=0",
+            "threads": f"{self.num_threads} torch threads for each side, in turn",
+            "datacenter": f"{dc.model} on {dc.device}, {dc.dtype} ({dc.dtype_reason}); "
+                          f"continuous batching, up to {self.engine.config.max_num_seqs} "
+                          f"sequences per step, paged KV in blocks of {dc.kv.block_size} tokens",
+            "local PC": f"{loc.model} on {loc.device}, one user at a time (batch 1), "
+                        f"FIFO queue, contiguous KV reserved for n_ctx={loc.n_ctx} tokens"
+                        + (f"; {loc.emulated}" if loc.emulated else ""),
+            "sampling": f"max_tokens={self.params.max_tokens}, temperature="
+                        f"{self.params.temperature}, per-user seed (same tokens on both sides)",
+            "shared engine": "other browser sessions' requests share the datacenter engine "
+                             "and the cores; the status strip shows them",
+        }
+
+    # ---- public API --------------------------------------------------------------------
+    def start(self) -> Race:
+        self._t_start = time.monotonic()
+        self._last_touch = self._t_start
+        self._thread.start()
+        return self
+
+    def touch(self) -> None:
+        """Heartbeat from the page; a race left untouched cancels itself."""
+        self._last_touch = time.monotonic()
+
+    def stop(self) -> None:
+        """Cancel every request of the race (queued ones too); their blocks are freed."""
+        self._stop.set()
+        with self._lock:
+            handles = [h for s in self._sides.values() for h in s.handles]
+        for h in handles:
+            h.cancel()
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def finished(self) -> bool:
+        return self._t_done is not None
+
+    def outputs(self, side: str) -> list[RequestOutput]:
+        """Final outputs of one side, in arrival order (empty until that side is done)."""
+        with self._lock:
+            return list(self._sides[side].outputs or [])
+
+    def snapshot(self) -> RaceSnapshot:
+        now = time.monotonic()
+        with self._lock:
+            sides = {name: self._view(s, now) for name, s in self._sides.items()}
+            start = self._t_start or now
+            end = self._t_done or now
+            ratio = self._ratio()
+            return RaceSnapshot(
+                phase=self._phase, elapsed=end - start, sides=sides,
+                tokens=_thin(self._tokens), kv=_thin(self._kv), batch=_thin(self._batch),
+                rows=self._rows(), finished=self._t_done is not None,
+                summary=self._summary_sentence(ratio), ratio=ratio, error=self._error,
+            )
+
+    # ---- the race thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            for name in self.order:
+                if self._stop.is_set():
+                    break
+                self._run_side(self._sides[name])
+        except Exception as exc:  # surface in the snapshot; never kill the page
+            self._error = f"{type(exc).__name__}: {exc}"
+            self.stop()
+        finally:
+            if self.close_local:
+                self.local.shutdown()
+            with self._lock:
+                self._phase = ("error" if self._error else "abandoned" if self._abandoned
+                               else "stopped" if self._stop.is_set() else "done")
+                self._t_done = time.monotonic()
+
+    def _params_for(self, user: int) -> SamplingParams:
+        if self.params.greedy or self.params.seed is not None:
+            return self.params
+        return dataclasses.replace(self.params, seed=user)  # same draws on both sides
+
+    def _run_side(self, side: _Side) -> None:
+        with self._lock:
+            self._phase = side.name
+            side.t0 = time.monotonic()
+            for user, ids in enumerate(self.prompt_ids):
+                rid = f"{self.race_id}-{side.name[:2]}-u{user}"
+                side.handles.append(side.runner.submit(ids, self._params_for(user), rid))
+        if self._stop.is_set():
+            self.stop()
+        deadline = None
+        while True:
+            self._sample(side)
+            if all(h.done for h in side.handles):
+                break
+            if self._heartbeat_expired():
+                self._abandoned = True
+                self.stop()
+            if self._stop.is_set():
+                deadline = deadline or time.monotonic() + 30.0
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{side.name}: requests did not end after cancel")
+            self._stop.wait(self.interval)
+        outputs = [h.result() for h in side.handles]
+        self._sample(side)
+        self._check_outputs(side.name, outputs)
+        with self._lock:
+            side.outputs, side.t_end = outputs, time.monotonic()
+            side.summary = summarize([o.metrics for o in outputs])
+            self._replace_token_series(side, outputs)
+
+    def _check_outputs(self, name: str, outputs: list[RequestOutput]) -> None:
+        """A request that failed, or was cancelled by someone else, ends the race."""
+        errors = [o.error for o in outputs if o.finish_reason == "error"]
+        if errors:
+            raise RuntimeError(f"{LABELS[name]}: {errors[0]}")
+        cancelled = sum(o.finish_reason == "cancelled" for o in outputs)
+        if cancelled and not self._stop.is_set():
+            raise RuntimeError(f"{LABELS[name]}: {cancelled} requests were cancelled outside "
+                               "this race (was the shared engine rebuilt?)")
+
+    def _heartbeat_expired(self) -> bool:
+        limit = self.heartbeat_timeout
+        return limit is not None and time.monotonic() - self._last_touch > limit
+
+    def _sample(self, side: _Side) -> None:
+        """Drain streamed text and record one point of every series."""
+        for h in side.handles:
+            h.poll()
+        now = time.monotonic()
+        t = now - side.t0
+        tokens = sum(h.num_tokens for h in side.handles)
+        if isinstance(side.runner, Engine):
+            stats = side.runner.stats()
+            per_token = side.runner.session.model.spec.kv_bytes_per_token(
+                side.runner.session.model.dtype)
+            kv = stats.kv
+            reserved, used = kv.used_blocks * kv.block_size * per_token, kv.used_slots * per_token
+            steps = _new_steps(stats.recent_steps, max(side.t0, side.last_step_start))
+            queue, ahead_running = stats.waiting_ids, 0  # a batch serves all running at once
+        else:
+            loc = side.runner.stats()
+            reserved, used, steps = loc.kv_reserved_bytes, loc.kv_used_bytes, []
+            queue, ahead_running = loc.waiting_ids, loc.num_running
+        with self._lock:
+            you = side.handles[self.you]
+            side.users_ahead = self._users_ahead(you, queue, ahead_running)
+            if side.first_token_seen is None and you.num_tokens > 0:
+                side.first_token_seen = now
+            self._tokens.append({"side": side.name, "t": t, "tokens": tokens})
+            self._kv.append({"side": side.name, "t": t, "kind": "reserved", "bytes": reserved})
+            self._kv.append({"side": side.name, "t": t, "kind": "used", "bytes": used})
+            for s in steps:
+                self._batch.append({"t": s.start - side.t0, "num_seqs": s.num_seqs})
+            if steps:
+                side.last_step_start = steps[-1].start
+
+    def _replace_token_series(self, side: _Side, outputs: list[RequestOutput]) -> None:
+        """Swap the sampled token curve for the exact one from the token timestamps."""
+        times = sorted(t for o in outputs for t in o.metrics.token_times)
+        exact = [{"side": side.name, "t": 0.0, "tokens": 0}]
+        exact += [{"side": side.name, "t": t - side.t0, "tokens": i + 1}
+                  for i, t in enumerate(times)]
+        self._tokens = [p for p in self._tokens if p["side"] != side.name] + _thin(exact)
+
+    # ---- views (called with the lock held) ---------------------------------------------
+    def _view(self, side: _Side, now: float) -> SideView:
+        n = len(self.prompt_ids)
+        if side.t0 is None:
+            return SideView(side.name, n, False, False, 0.0, "", None, None, 0, None, 0, None)
+        done = side.outputs is not None
+        elapsed = (side.t_end or now) - side.t0
+        you = side.handles[self.you]
+        total = sum(h.num_tokens for h in side.handles)
+        if done:
+            mine = side.outputs[self.you].metrics
+            your_ttft, your_tps = mine.ttft, mine.tokens_per_s
+            total_tps = side.summary.throughput if side.summary else None
+        else:
+            seen = side.first_token_seen
+            your_ttft = seen - side.t0 if seen is not None else None
+            your_tps = you.num_tokens / elapsed if you.num_tokens and elapsed > 0 else None
+            total_tps = total / elapsed if elapsed > 0 else None
+        finished = sum(1 for h in side.handles
+                       if h.done and h.result().finish_reason in ("stop", "length"))
+        return SideView(side.name, n, True, done, elapsed, you.text, your_ttft, your_tps,
+                        total, total_tps, finished, None if you.done else side.users_ahead)
+
+    @staticmethod
+    def _users_ahead(you: RequestHandle, waiting_ids: tuple[str, ...],
+                     num_running: int) -> int | None:
+        """Requests served before yours: 0 while yours is being served (or batched)."""
+        if you.done:
+            return None
+        if you.request_id in waiting_ids:
+            return waiting_ids.index(you.request_id) + num_running
+        return 0
+
+    def _rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for side in self._sides.values():
+            if side.t0 is None:
+                continue
+            for user, h in enumerate(side.handles):
+                if not h.done:
+                    continue
+                out = h.result()
+                m = out.metrics
+                rows.append({
+                    "side": side.name, "user": user, "you": user == self.you,
+                    "ttft_s": m.ttft, "tpot_s": m.tpot, "e2e_s": m.e2e,
+                    "queue_s": m.queue_time, "tokens": len(out.token_ids),
+                    "tokens_per_s": m.tokens_per_s, "finish_reason": out.finish_reason,
+                })
+        return rows
+
+    def _ratio(self) -> float | None:
+        dc, loc = self._sides["datacenter"].summary, self._sides["local"].summary
+        if self._stop.is_set() or dc is None or loc is None:
+            return None
+        if not (dc.throughput > 0 and loc.throughput > 0):
+            return None
+        return dc.throughput / loc.throughput
+
+    def _summary_sentence(self, ratio: float | None) -> str | None:
+        if ratio is None:
+            return None
+        dc, loc = self._sides["datacenter"].summary, self._sides["local"].summary
+        n = len(self.prompt_ids)
+        users = "1 user" if n == 1 else f"{n} users at once"
+        return (f"With {users}, the datacenter engine generated {_rate(dc.throughput)} "
+                f"tokens/s in total, {ratio:.1f}x the local PC's {_rate(loc.throughput)} "
+                "tokens/s serving one user at a time.")
+
+
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 10 else f"{tokens_per_s:.1f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one race headless and print both sides' figures (for comparing with the page)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt", default="Explain why the sky is blue.")
+    args = ap.parse_args(argv)
+    with Engine() as engine, LocalRunner(engine.session) as local:
+        prompts = [[{"role": "user", "content": args.prompt}]] * args.users
+        race = Race(engine, local, prompts, SamplingParams(max_tokens=args.max_tokens),
+                    heartbeat_timeout=None).start()
+        race.join()
+        snap = race.snapshot()
+    for name, view in snap.sides.items():
+        print(f"{name:>10}: {view.total_tokens} tokens, {view.total_tokens_per_s:.1f} tokens/s")
+    print(snap.summary or snap.error or snap.phase)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""AppTest of the arena page: controls, a full race, bad input, stop, a closed tab."""
+
+from __future__ import annotations
+
+import pytest
+from conftest_ui import fresh_engine, metrics, new_app, run_until, wait_idle  # noqa: F401
+
+from ui import arena, shared
+from ui.presets import load_presets
+
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
+
+
+def race_of(at):
+    return at.session_state[arena.KEY_RACE]
+
+
+def test_page_shows_controls_presets_and_an_idle_status_strip():
+    at = new_app()
+    assert not at.exception
+    assert "one user at a time" in at.title[0].value
+    names = at.selectbox(key="arena_preset").options
+    assert any("Korean" in n for n in names) and any("Long" in n for n in names)
+    assert at.number_input(key="arena_users").value == 8
+    assert not at.button(key="arena_run").disabled and at.button(key="arena_stop").disabled
+    assert "running: 0" in at.caption[0].value
+    assert at.info and "press Run" in at.info[0].value
+
+
+def test_a_preset_fills_the_prompt():
+    at = new_app()
+    korean = next(n for n in load_presets().presets if "Korean" in n)
+    at.selectbox(key="arena_preset").select(korean).run()
+    assert at.text_area(key="arena_prompt").value == load_presets().presets[korean]
+
+
+def test_empty_prompt_disables_run_with_a_hint():
+    at = new_app()
+    at.text_area(key="arena_prompt").input("   ").run()
+    assert at.button(key="arena_run").disabled
+    assert any("Type a prompt" in c.value for c in at.caption)
+
+
+def test_a_race_streams_both_sides_and_ends_with_a_summary_and_csv():
+    at = new_app()
+    at.number_input(key="arena_users").set_value(3)
+    at.number_input(key="arena_max_tokens").set_value(6)
+    at.button(key="arena_run").click().run()
+    # inputs are disabled while the race runs
+    assert at.text_area(key="arena_prompt").disabled and at.button(key="arena_run").disabled
+    assert not at.button(key="arena_stop").disabled
+    run_until(at, lambda a: bool(a.success) or bool(a.error))
+    assert not at.error, at.error[0].value
+    race = race_of(at)
+    assert f"{race.snapshot().ratio:.1f}x the local PC" in at.success[0].value
+    for side in ("local", "datacenter"):
+        shown = metrics(at, side)
+        assert shown["Users finished"] == "3/3"
+        assert float(shown["Total tokens/s"]) > 0
+    # your answer, as plain text, on both sides
+    answers = [c.value for c in at.code]
+    assert answers == [race.outputs("local")[0].text, race.outputs("datacenter")[0].text]
+    assert len(at.get("vega_lite_chart")) == 4
+    assert len(at.get("download_button")) == 1
+    table = at.dataframe[0].value
+    assert len(table) == 6 and {"ttft_s", "tpot_s", "e2e_s", "tokens_per_s"} <= set(table)
+    # inputs are enabled again
+    assert not at.text_area(key="arena_prompt").disabled
+    assert not at.button(key="arena_run").disabled
+
+
+def test_an_over_long_prompt_shows_the_limit():
+    at = new_app()
+    at.text_area(key="arena_prompt").input("word " * 2100).run()
+    at.button(key="arena_run").click().run()
+    assert at.error and "prompt:" in at.error[0].value and "2048 tokens" in at.error[0].value
+    assert arena.KEY_RACE not in at.session_state
+
+
+def test_stop_cancels_the_race_and_frees_its_blocks():
+    at = new_app()
+    at.number_input(key="arena_users").set_value(4)
+    at.number_input(key="arena_max_tokens").set_value(400)
+    at.button(key="arena_run").click().run()
+    race = race_of(at)
+    run_until(at, lambda a: race.snapshot().sides["datacenter"].total_tokens > 8)
+    at.button(key="arena_stop").click().run()
+    run_until(at, lambda a: bool(a.warning))
+    assert "Stopped" in at.warning[0].value
+    engine = shared.shared_engine().engine
+    wait_idle(engine)
+    assert engine.stats().kv.used_blocks == 0
+
+
+def test_a_closed_tab_cancels_its_requests(monkeypatch):
+    monkeypatch.setattr(arena, "HEARTBEAT_S", 1.0)
+    at = new_app()
+    at.number_input(key="arena_users").set_value(4)
+    at.number_input(key="arena_max_tokens").set_value(400)
+    at.button(key="arena_run").click().run()
+    race = race_of(at)
+    # the tab is closed: no more reruns, so no more heartbeats
+    assert race.join(timeout=60)
+    assert race.snapshot().phase == "abandoned"
+    engine = shared.shared_engine().engine
+    wait_idle(engine)
+    assert engine.stats().kv.used_blocks == 0

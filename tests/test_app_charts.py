@@ -1,0 +1,92 @@
+"""Chart builders and snapshot frames, checked through `chart.to_dict()` (no model)."""
+
+from __future__ import annotations
+
+from engine.race import RaceSnapshot
+from ui import charts, frames
+from ui.presets import load_presets, user_prompts
+
+
+def snapshot(**kw) -> RaceSnapshot:
+    base = dict(phase="done", elapsed=3.0, sides={}, tokens=[], kv=[], batch=[], rows=[],
+                finished=True, summary=None, ratio=None, error=None)
+    return RaceSnapshot(**{**base, **kw})
+
+
+SNAP = snapshot(
+    tokens=[{"side": s, "t": t, "tokens": n} for s in ("local", "datacenter")
+            for t, n in ((0.0, 0), (0.5, 4), (1.0, 9))],
+    kv=[{"side": "local", "t": 0.5, "kind": k, "bytes": b}
+        for k, b in (("reserved", 2**21), ("used", 2**19))],
+    batch=[{"t": 0.1, "num_seqs": 3}, {"t": 0.2, "num_seqs": 2}],
+    rows=[{"side": s, "user": u, "you": u == 0, "ttft_s": 0.1 * (u + 1), "tpot_s": 0.05,
+           "e2e_s": 1.0 + u, "queue_s": 0.0, "tokens": 8, "tokens_per_s": 8.0,
+           "finish_reason": "length"} for s in ("local", "datacenter") for u in range(3)],
+)
+
+
+def values(spec: dict) -> list[dict]:
+    return next(iter(spec["datasets"].values()))
+
+
+def test_tokens_chart_has_one_line_per_side():
+    spec = charts.tokens_chart(frames.tokens_frame(SNAP)).to_dict()
+    assert spec["mark"]["type"] == "line"
+    assert spec["encoding"]["x"]["field"] == "t" and spec["encoding"]["y"]["field"] == "tokens"
+    assert spec["encoding"]["color"]["scale"]["domain"] == ["Local PC", "Datacenter"]
+    assert {v["side"] for v in values(spec)} == {"Local PC", "Datacenter"}
+    assert len(values(spec)) == 6
+
+
+def test_latency_chart_draws_ttft_and_e2e_by_user():
+    spec = charts.latency_chart(frames.rows_frame(SNAP)).to_dict()
+    assert spec["encoding"]["x"]["field"] == "user"
+    assert spec["encoding"]["strokeDash"]["field"] == "metric"
+    rows = values(spec)
+    assert len(rows) == 12 and {r["metric"] for r in rows} == {"TTFT", "end-to-end"}
+
+
+def test_kv_chart_is_in_mib_with_reserved_and_used():
+    spec = charts.kv_chart(frames.kv_frame(SNAP)).to_dict()
+    assert spec["encoding"]["y"]["field"] == "mib"
+    assert sorted(v["mib"] for v in values(spec)) == [0.5, 2.0]
+    assert spec["encoding"]["strokeDash"]["scale"]["domain"] == ["reserved", "used"]
+
+
+def test_batch_chart_plots_sequences_per_step():
+    spec = charts.batch_chart(frames.batch_frame(SNAP)).to_dict()
+    assert spec["encoding"]["y"]["field"] == "num_seqs"
+    assert [v["num_seqs"] for v in values(spec)] == [3, 2]
+
+
+def test_empty_snapshot_still_gives_valid_charts():
+    empty = snapshot()
+    for build, frame in ((charts.tokens_chart, frames.tokens_frame),
+                         (charts.latency_chart, frames.rows_frame),
+                         (charts.kv_chart, frames.kv_frame),
+                         (charts.batch_chart, frames.batch_frame)):
+        spec = build(frame(empty)).to_dict()
+        assert values(spec) == []
+
+
+def test_rows_frame_has_fixed_columns_for_the_csv():
+    df = frames.rows_frame(SNAP)
+    assert list(df.columns) == frames.ROW_COLUMNS
+    assert set(df["side"]) == {"Local PC", "Datacenter"}
+    assert df.to_csv(index=False).splitlines()[0].startswith("side,user,you,ttft_s")
+
+
+def test_presets_include_korean_and_a_long_prompt():
+    presets = load_presets()
+    texts = list(presets.presets.values())
+    assert any(any("\uac00" <= ch <= "\ud7a3" for ch in t) for t in texts)  # Hangul
+    assert max(len(t) for t in texts) > 2000
+    assert len(set(presets.others)) >= 8
+
+
+def test_user_prompts_put_you_first_or_last():
+    prompts, you = user_prompts("mine", 4, True, False, ("a", "b"))
+    assert you == 0 and [p[0]["content"] for p in prompts] == ["mine", "a", "b", "a"]
+    prompts, you = user_prompts("mine", 3, False, True, ("a", "b"))
+    assert you == 2 and [p[0]["content"] for p in prompts] == ["mine"] * 3
+    assert prompts[0] == [{"role": "user", "content": "mine"}]

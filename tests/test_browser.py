@@ -1,0 +1,177 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright's Python package.
+
+The app is started once per module with `streamlit run` on a free localhost port. Tests
+wait on specific elements (metrics, charts, the summary), never on network idle: the
+page streams over a websocket.
+
+The server runs torch on one thread (OMP_NUM_THREADS=1; BATCHLENS_BROWSER_THREADS
+overrides): on a 2-core machine shared with other jobs and with the browser itself, two
+OpenMP threads stall at every barrier (seen: 13 vs 93 tokens/s for the same race). These
+tests check the page, not the speed; the one speed assertion (datacenter > local) holds
+either way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.model]
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+SCREENSHOT = ROOT / "assets" / "arena.png"
+RACE_TIMEOUT_MS = 480_000
+STRIP = re.compile(r"running: (\d+) · waiting: (\d+) · yours: (\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`streamlit run app.py` on a free port; yields its URL."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("streamlit") / "server.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.fileWatcherType", "none", "--server.port", str(port)],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("BATCHLENS_BROWSER_THREADS", "1")},
+    )
+    url = f"http://localhost:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        assert proc.poll() is None, f"streamlit exited: see {log.name}"
+        assert time.monotonic() < deadline, "streamlit did not become healthy"
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} missing (apt-get install --no-install-recommends chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def open_arena(browser, url: str):
+    page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+    page.set_default_timeout(120_000)
+    page.goto(url)
+    page.get_by_label("Your prompt").wait_for()  # the first start loads the model
+    return page
+
+
+def set_up_race(page, prompt: str, users: int, max_tokens: int) -> None:
+    box = page.get_by_label("Your prompt")
+    box.fill(prompt)
+    box.blur()  # a text area commits on blur
+    for label, value in (("Users", users), ("Max tokens", max_tokens)):
+        field = page.get_by_label(label, exact=True)
+        field.fill(str(value))
+        field.press("Enter")
+    run = page.get_by_role("button", name="Run", exact=True)
+    page.wait_for_function(
+        "([u, m]) => [...document.querySelectorAll('input')].some(i => i.value === u)"
+        " && [...document.querySelectorAll('input')].some(i => i.value === m)",
+        arg=[str(users), str(max_tokens)])
+    assert run.is_enabled()
+
+
+def click_run(page) -> None:
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_role("button", name="Stop", exact=True).wait_for(state="visible")
+
+
+def wait_for_summary(page) -> str:
+    summary = page.locator(".st-key-summary")
+    summary.wait_for(timeout=RACE_TIMEOUT_MS)
+    return summary.inner_text()
+
+
+def total_tokens_per_s(page, side: str) -> float:
+    metric = page.locator(f".st-key-side-{side} [data-testid='stMetric']").filter(
+        has_text="Total tokens/s")
+    return float(metric.locator("[data-testid='stMetricValue']").inner_text())
+
+
+def test_datacenter_beats_the_local_pc_and_screenshot(server, browser):
+    page = open_arena(browser, server)
+    set_up_race(page, "Explain in a few sentences why the sky is blue.", users=8, max_tokens=48)
+    click_run(page)
+    summary = wait_for_summary(page)
+    assert "the datacenter engine generated" in summary
+    for side in ("local", "datacenter"):
+        finished = page.locator(f".st-key-side-{side} [data-testid='stMetric']").filter(
+            has_text="Users finished").locator("[data-testid='stMetricValue']")
+        assert finished.inner_text() == "8/8"
+    datacenter, local = total_tokens_per_s(page, "datacenter"), total_tokens_per_s(page, "local")
+    assert datacenter > local, (datacenter, local)
+    charts = page.locator("[data-testid='stVegaLiteChart']")
+    charts.nth(3).wait_for()
+    assert charts.count() == 4
+    page.get_by_role("button", name="Run", exact=True).wait_for()
+    assert page.get_by_label("Your prompt").is_enabled()  # inputs are back after the run
+    assert page.get_by_label("Max tokens", exact=True).input_value() == "48"
+    # Streamlit scrolls inside the page, so a tall viewport (not full_page) shows it all
+    page.set_viewport_size({"width": 1600, "height": 2700})
+    charts.nth(3).wait_for()
+    page.wait_for_timeout(1000)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT))
+    page.context.close()
+
+
+def test_two_sessions_share_the_engine_and_see_each_other(server, browser):
+    pages = [open_arena(browser, server) for _ in range(2)]
+    for page, prompt in zip(pages, ("Why do cats purr?", "Describe a sunny beach."),
+                            strict=True):
+        set_up_race(page, prompt, users=3, max_tokens=24)
+    for page in pages:
+        click_run(page)
+    saw_others = [False, False]
+    deadline = time.monotonic() + RACE_TIMEOUT_MS / 1000
+    while not all(p.locator(".st-key-summary").count() for p in pages):
+        assert time.monotonic() < deadline, "the two races did not finish"
+        for i, page in enumerate(pages):
+            m = STRIP.search(page.locator(".st-key-status-strip").inner_text())
+            if m:
+                running, waiting, yours = map(int, m.groups())
+                saw_others[i] |= running + waiting > yours
+        time.sleep(0.2)
+    assert saw_others == [True, True]
+    for page in pages:
+        assert "the datacenter engine generated" in wait_for_summary(page)
+        page.context.close()

@@ -1,0 +1,135 @@
+"""The race: both sides one after the other, live snapshots, stop, heartbeat, summary."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams, summarize
+from engine.local import LocalRunner
+from engine.race import Race, _thin
+
+PROMPTS = [[{"role": "user", "content": c}] for c in
+           ("What is the capital of France?", "Name a colour.", "Count to three.")]
+
+
+@pytest.fixture(scope="module")
+def engine(session):
+    with Engine(EngineConfig(num_kv_blocks=64), session=session) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def local(session):
+    with LocalRunner(session, n_ctx=512) as runner:
+        yield runner
+
+
+def wait_for(predicate, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def assert_engine_idle(engine: Engine) -> None:
+    wait_for(lambda: engine.stats().num_running + engine.stats().num_waiting == 0, 10)
+    stats = engine.stats()
+    assert stats.kv.used_blocks == 0 and stats.kv.reserved_slots == 0
+
+
+def test_thin_keeps_first_and_last():
+    pts = [{"t": i} for i in range(1001)]
+    out = _thin(pts, 100)
+    assert len(out) <= 102 and out[0] == pts[0] and out[-1] == pts[-1]
+    assert _thin(pts[:5], 100) == pts[:5]
+
+
+@pytest.mark.model
+def test_both_sides_run_and_summary_ratio_is_the_throughput_ratio(engine, local):
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    race = Race(engine, local, PROMPTS, params, heartbeat_timeout=None).start()
+    assert race.join(timeout=120)
+    snap = race.snapshot()
+    assert snap.finished and snap.phase == "done" and snap.error is None
+    dc, loc = race.outputs("datacenter"), race.outputs("local")
+    # greedy float32: the same tokens on both sides
+    assert [o.token_ids for o in dc] == [o.token_ids for o in loc]
+    ratio = summarize(o.metrics for o in dc).throughput / summarize(
+        o.metrics for o in loc).throughput
+    assert snap.ratio == pytest.approx(ratio)
+    assert f"{ratio:.1f}x" in snap.summary
+    for name, outs in (("datacenter", dc), ("local", loc)):
+        view = snap.sides[name]
+        assert view.finished and view.users_finished == 3 and view.total_tokens == 18
+        assert view.your_text == outs[0].text
+        assert view.your_ttft == outs[0].metrics.ttft
+        assert view.total_tokens_per_s == summarize(o.metrics for o in outs).throughput
+        curve = [p for p in snap.tokens if p["side"] == name]
+        assert curve[0]["t"] == 0 and curve[-1]["tokens"] == 18
+        assert {p["kind"] for p in snap.kv if p["side"] == name} == {"reserved", "used"}
+    assert len(snap.rows) == 6 and {r["side"] for r in snap.rows} == {"datacenter", "local"}
+    assert max(p["num_seqs"] for p in snap.batch) >= 2
+    assert_engine_idle(engine)
+
+
+@pytest.mark.model
+def test_stop_cancels_every_request_and_frees_all_blocks(engine, local):
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    race = Race(engine, local, PROMPTS * 2, params, heartbeat_timeout=None).start()
+    wait_for(lambda: race.snapshot().sides["datacenter"].total_tokens > 6)
+    assert engine.stats().kv.used_blocks > 0
+    race.stop()
+    assert race.join(timeout=60)
+    snap = race.snapshot()
+    assert snap.phase == "stopped" and snap.ratio is None and snap.summary is None
+    assert all(o.finish_reason == "cancelled" for o in race.outputs("datacenter"))
+    assert not snap.sides["local"].started
+    assert_engine_idle(engine)
+
+
+@pytest.mark.model
+def test_stop_while_queued_on_the_local_pc(engine, local):
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    race = Race(engine, local, PROMPTS, params, you=2, order=("local", "datacenter"),
+                heartbeat_timeout=None).start()
+    wait_for(lambda: race.snapshot().sides["local"].users_ahead_of_you == 2)
+    race.stop()
+    assert race.join(timeout=60)
+    assert [o.finish_reason for o in race.outputs("local")] == ["cancelled"] * 3
+    stats = local.stats()
+    assert stats.running_id is None and stats.num_waiting == 0
+    assert not race.snapshot().sides["datacenter"].started
+
+
+@pytest.mark.model
+def test_heartbeat_timeout_cancels_an_abandoned_race(engine, local):
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    race = Race(engine, local, PROMPTS, params, heartbeat_timeout=0.5).start()
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:  # a page that keeps refreshing keeps the race alive
+        race.touch()
+        time.sleep(0.1)
+    assert not race.finished
+    assert race.join(timeout=60)  # then the tab closes: no more touches
+    snap = race.snapshot()
+    assert snap.phase == "abandoned"
+    assert all(o.finish_reason == "cancelled" for o in race.outputs("datacenter"))
+    assert_engine_idle(engine)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("prompt,max_tokens,field", [
+    ("word " * 600, 8, "prompt: "),
+    ("Hello", 600, "max_tokens: "),
+    ("   ", 8, "prompt must not be empty"),
+])
+def test_bad_input_raises_a_readable_value_error(engine, local, prompt, max_tokens, field):
+    with pytest.raises(ValueError, match=field):
+        Race(engine, local, [prompt], SamplingParams(max_tokens=max_tokens))
+
+
+def test_bad_arguments_need_no_model():
+    with pytest.raises(ValueError, match="users"):
+        Race(None, None, [], SamplingParams())  # type: ignore[arg-type]

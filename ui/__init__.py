@@ -1,0 +1,1 @@
+"""Streamlit glue for the batchlens dashboard: shared engine, chrome, page parts, charts."""

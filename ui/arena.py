@@ -1,0 +1,231 @@
+"""The arena page's parts: controls, the two live columns, the charts and the results.
+
+The race runs on its own thread (`engine.race.Race`); the page only reads
+`race.snapshot()` from a fragment that reruns a few times a second, never waiting on the
+engine. Model output is shown with `st.code` (plain text), never as markdown or HTML.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine import SamplingParams
+from engine.local import LocalRunner
+from engine.race import Race, RaceSnapshot, SideView
+from ui import charts, frames, shared
+from ui.presets import load_presets, user_prompts
+
+KEY_RACE = shared.RACE_KEY
+KEY_ERROR = "arena_error"
+KEY_SHOWN_RUNNING = "arena_shown_running"
+REFRESH_S = 0.4
+HEARTBEAT_S = 5.0
+LOCAL_N_CTX = 2048
+TITLES = {"local": "Local PC — one user at a time", "datacenter": "Datacenter — batched"}
+OTHERS = ("varied prompts", "the same prompt")
+
+
+def current_race() -> Race | None:
+    return st.session_state.get(KEY_RACE)
+
+
+def is_running() -> bool:
+    race = current_race()
+    return race is not None and not race.finished
+
+
+@st.cache_resource(show_spinner=False)
+def _charts_warmed_up() -> bool:
+    """Build every chart once per process: Altair loads its schema on the first build,
+    which should not happen while the first race is being timed."""
+    empty = RaceSnapshot("waiting", 0.0, {}, [], [], [], [], False, None, None, None)
+    for build, frame in ((charts.tokens_chart, frames.tokens_frame),
+                         (charts.latency_chart, frames.rows_frame),
+                         (charts.kv_chart, frames.kv_frame),
+                         (charts.batch_chart, frames.batch_frame)):
+        build(frame(empty)).to_dict()
+    return True
+
+
+def intro() -> None:
+    _charts_warmed_up()
+    st.header("Arena: the same prompt, many users, both sides")
+    st.caption("Everyone sends at the same moment. The local PC answers one user at a time; "
+               "the datacenter engine batches all of them into each step.")
+
+
+# ---- controls ----------------------------------------------------------------------
+def controls() -> None:
+    """Prompt, users, max tokens, temperature, Run and Stop; disabled while a race runs."""
+    ss, presets = st.session_state, load_presets()
+    running = is_running()
+    ss[KEY_SHOWN_RUNNING] = running
+    ss.setdefault("arena_prompt", next(iter(presets.presets.values())))
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        st.selectbox("Preset prompts", list(presets.presets), index=None, key="arena_preset",
+                     placeholder="Pick a preset...", on_change=_use_preset, disabled=running)
+        st.text_area("Your prompt", key="arena_prompt", height=150, disabled=running)
+    with right:
+        a, b = st.columns(2)
+        a.number_input("Users", 1, 64, 8, key="arena_users", disabled=running,
+                       help="You plus others who press Enter at the same moment.")
+        b.number_input("Max tokens", 1, 1024, 64, key="arena_max_tokens", disabled=running)
+        st.slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="arena_temperature", disabled=running)
+        st.radio("The other users send", OTHERS, key="arena_others", horizontal=True,
+                 disabled=running)
+        st.checkbox("Put me last in line", key="arena_you_last", disabled=running)
+        _local_device_choice(running)
+    empty = not ss["arena_prompt"].strip()
+    run, stop, hint = st.columns([1, 1, 5], vertical_alignment="center")
+    run.button("Run", type="primary", key="arena_run", on_click=_on_run,
+               disabled=running or empty, width="stretch")
+    stop.button("Stop", key="arena_stop", on_click=_on_stop, disabled=not running,
+                width="stretch")
+    if empty:
+        hint.caption("Type a prompt (or pick a preset) to enable Run.")
+    error = ss.pop(KEY_ERROR, None)
+    if error:
+        st.error(error)
+
+
+def _local_device_choice(running: bool) -> None:
+    if shared.has_gpu():
+        st.radio("Local PC runs on", ("cpu", "gpu"), key="arena_local_device", horizontal=True,
+                 disabled=running, format_func=lambda d: {
+                     "cpu": "CPU (a laptop's reality)", "gpu": "GPU, batch 1"}[d])
+    else:
+        st.caption("Local PC: this machine's CPU. Datacenter: the same CPU, batching.")
+
+
+def _use_preset() -> None:
+    name = st.session_state.get("arena_preset")
+    if name:
+        st.session_state["arena_prompt"] = load_presets().presets[name]
+
+
+def _on_run() -> None:
+    ss = st.session_state
+    prompts, you = user_prompts(
+        ss["arena_prompt"], int(ss["arena_users"]), ss["arena_others"] == OTHERS[0],
+        bool(ss["arena_you_last"]), load_presets().others)
+    local = None
+    try:
+        params = SamplingParams(max_tokens=int(ss["arena_max_tokens"]),
+                                temperature=float(ss["arena_temperature"]))
+        session = shared.local_session(ss.get("arena_local_device", "cpu"))
+        local = LocalRunner(session, n_ctx=LOCAL_N_CTX)
+        race = Race(shared.shared_engine().engine, local, prompts, params, you=you,
+                    heartbeat_timeout=HEARTBEAT_S, close_local=True)
+    except ValueError as exc:
+        if local is not None:
+            local.shutdown()
+        ss[KEY_ERROR] = f"Not started: {exc}"
+        return
+    ss[KEY_RACE] = race.start()
+
+
+def _on_stop() -> None:
+    race = current_race()
+    if race is not None:
+        race.stop()
+
+
+# ---- the live view -----------------------------------------------------------------
+def live() -> None:
+    """Both columns, the charts and, at the end, the results; refreshed while running."""
+    st.fragment(_live_view, run_every=REFRESH_S if is_running() else None)()
+
+
+def _live_view() -> None:
+    race = current_race()
+    if race is None:
+        st.info("Pick a prompt, set the number of users and press Run.")
+        return
+    race.touch()
+    snap = race.snapshot()
+    local_col, dc_col = st.columns(2, gap="large")
+    with local_col:
+        side_panel(snap.sides["local"], snap)
+    with dc_col:
+        side_panel(snap.sides["datacenter"], snap)
+    live_charts(snap)
+    if snap.finished:
+        results(snap)
+        if st.session_state.get(KEY_SHOWN_RUNNING):
+            st.session_state[KEY_SHOWN_RUNNING] = False
+            st.rerun()  # a full rerun re-enables the inputs
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _side_state(view: SideView, snap: RaceSnapshot) -> str:
+    if view.finished:
+        return "Done."
+    if not view.started:
+        return ("Waiting: the two sides never run at once, so neither steals the other's "
+                "cores." if not snap.finished else "Not run.")
+    return "Running..." if not snap.finished else "Ended early."
+
+
+def _place(view: SideView) -> str:
+    return "—" if view.users_ahead_of_you is None else str(view.users_ahead_of_you)
+
+
+def side_panel(view: SideView, snap: RaceSnapshot) -> None:
+    """One side: live metrics and your answer as plain text."""
+    with st.container(key=f"side-{view.side}", border=True):
+        st.subheader(TITLES[view.side])
+        st.caption(_side_state(view, snap))
+        a, b, c = st.columns(3)
+        a.metric("Your TTFT", f"{_num(view.your_ttft, '.2f')} s")
+        b.metric("Your tokens/s", _num(view.your_tokens_per_s, ".1f"))
+        c.metric("Total tokens/s", _num(view.total_tokens_per_s, ".1f"))
+        d, e, f = st.columns(3)
+        d.metric("Users finished", f"{view.users_finished}/{view.num_users}")
+        e.metric("Elapsed", f"{view.elapsed:.1f} s")
+        f.metric("Users ahead of you", _place(view))
+        st.code(view.your_text or " ", language=None, wrap_lines=True, height=180)
+
+
+def live_charts(snap: RaceSnapshot) -> None:
+    a, b = st.columns(2)
+    a.altair_chart(charts.tokens_chart(frames.tokens_frame(snap)), width="stretch")
+    b.altair_chart(charts.latency_chart(frames.rows_frame(snap)), width="stretch")
+    c, d = st.columns(2)
+    c.altair_chart(charts.kv_chart(frames.kv_frame(snap)), width="stretch")
+    d.altair_chart(charts.batch_chart(frames.batch_frame(snap)), width="stretch")
+
+
+def results(snap: RaceSnapshot) -> None:
+    """The one-sentence summary and the per-request table with its CSV."""
+    if snap.error:
+        st.error(f"The race ended with an error: {snap.error}")
+    elif snap.phase == "abandoned":
+        st.warning("Abandoned: the page stopped refreshing, so the race cancelled its requests.")
+    elif snap.phase == "stopped":
+        st.warning("Stopped: every request of this race was cancelled and its KV blocks freed.")
+    elif snap.summary:
+        with st.container(key="summary"):
+            st.success(snap.summary)
+    df = frames.rows_frame(snap)
+    if not df.empty:
+        st.dataframe(df, hide_index=True)
+        st.download_button("Download per-request metrics (CSV)", df.to_csv(index=False),
+                           file_name="batchlens-arena.csv", mime="text/csv")
+
+
+def how_measured() -> None:
+    """The fairness method, and this race's exact set-up once there is one."""
+    race = current_race()
+    with st.expander("How this was measured"):
+        st.write("The two sides run one after the other, each with every CPU thread, and "
+                 "are drawn on one shared timeline where each side's t=0 is its own start. "
+                 "TTFT, TPOT, end-to-end latency and tokens/s come from the same code for "
+                 "both sides (engine/metrics.py), from monotonic timestamps.")
+        if race is not None:
+            rows = pd.DataFrame(list(race.describe().items()), columns=["what", "how"])
+            st.dataframe(rows, hide_index=True, width="stretch")

@@ -1,0 +1,61 @@
+"""Pure chart builders: a DataFrame in, an `alt.Chart` out. No Streamlit here."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+SIDE_SCALE = alt.Scale(domain=["Local PC", "Datacenter"], range=["#e4572e", "#2e86de"])
+HEIGHT = 260
+
+
+def _side_color() -> alt.Color:
+    return alt.Color("side:N", scale=SIDE_SCALE, title=None, legend=alt.Legend(orient="top"))
+
+
+def tokens_chart(df: pd.DataFrame) -> alt.Chart:
+    """Total tokens generated over time, one line per side (each from its own t=0)."""
+    return alt.Chart(df, title="Tokens generated (all users)", height=HEIGHT).mark_line(
+        interpolate="step-after", strokeWidth=3).encode(
+        x=alt.X("t:Q", title="seconds since the side's start"),
+        y=alt.Y("tokens:Q", title="tokens"),
+        color=_side_color(),
+    )
+
+
+def latency_chart(df: pd.DataFrame) -> alt.Chart:
+    """TTFT and end-to-end latency by user: a staircase locally, flat when batched."""
+    long = df.melt(id_vars=["side", "user"], value_vars=["ttft_s", "e2e_s"],
+                   var_name="metric", value_name="seconds")
+    long["metric"] = long["metric"].map({"ttft_s": "TTFT", "e2e_s": "end-to-end"})
+    return alt.Chart(long, title="Latency per user", height=HEIGHT).mark_line(
+        point=True, strokeWidth=2).encode(
+        x=alt.X("user:Q", title="user (arrival order)", axis=alt.Axis(tickMinStep=1)),
+        y=alt.Y("seconds:Q", title="seconds"),
+        color=_side_color(),
+        strokeDash=alt.StrokeDash("metric:N", title=None,
+                                  scale=alt.Scale(domain=["TTFT", "end-to-end"]),
+                                  legend=alt.Legend(orient="top")),
+    )
+
+
+def kv_chart(df: pd.DataFrame) -> alt.Chart:
+    """KV memory over time: reserved (contiguous window or paged blocks) vs used."""
+    return alt.Chart(df, title="KV cache memory", height=HEIGHT).mark_line(
+        interpolate="step-after", strokeWidth=2).encode(
+        x=alt.X("t:Q", title="seconds since the side's start"),
+        y=alt.Y("mib:Q", title="MiB"),
+        color=_side_color(),
+        strokeDash=alt.StrokeDash("kind:N", title=None,
+                                  scale=alt.Scale(domain=["reserved", "used"]),
+                                  legend=alt.Legend(orient="top")),
+    )
+
+
+def batch_chart(df: pd.DataFrame) -> alt.Chart:
+    """Sequences per datacenter engine step: the batch continuous batching builds."""
+    return alt.Chart(df, title="Datacenter batch size per step", height=HEIGHT).mark_line(
+        interpolate="step-after", color="#2e86de", strokeWidth=2).encode(
+        x=alt.X("t:Q", title="seconds since the datacenter's start"),
+        y=alt.Y("num_seqs:Q", title="sequences in the step"),
+    )

@@ -1,0 +1,72 @@
+"""The one model and one datacenter engine of this server process, shared by every
+browser session (`st.cache_resource`), so teammates' requests are batched together.
+
+    browser A --\\
+    browser B ---+--> SharedEngine --> Engine (continuous batching) --> ModelSession
+    browser C --/        rebuild(config): new Engine on the same weights, old one shut down
+
+Set BATCHLENS_MODEL to a local HF folder or .gguf path to serve another Llama-family model;
+BATCHLENS_DTYPE to force a dtype (default "auto").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import streamlit as st
+import torch
+
+from engine import Engine, EngineConfig, ModelSession
+
+RACE_KEY = "arena_race"  # st.session_state key of this browser session's race
+FIRST_LOAD = ("Loading the model: the very first start converts the GGUF file (~20 s); "
+              "later starts read the cached weights (~2 s)...")
+
+
+@st.cache_resource(show_spinner=FIRST_LOAD)
+def model_session(device: str = "auto") -> ModelSession:
+    """The loaded weights for a device; loaded once per server process."""
+    return ModelSession.load(os.environ.get("BATCHLENS_MODEL"), device,
+                             os.environ.get("BATCHLENS_DTYPE", "auto"))
+
+
+class SharedEngine:
+    """Holds the current shared `Engine`; `rebuild` swaps it for one with new settings."""
+
+    def __init__(self, session: ModelSession, config: EngineConfig | None = None) -> None:
+        self.session = session
+        self._lock = threading.Lock()
+        self.engine = Engine(config or EngineConfig(), session=session)
+
+    def rebuild(self, config: EngineConfig) -> Engine:
+        """Build a new engine on the same weights (no reload); shut the old one down.
+        Raises `ValueError` (and keeps the old engine) when the settings are impossible."""
+        new = Engine(config, session=self.session)
+        with self._lock:
+            old, self.engine = self.engine, new
+        old.shutdown()
+        return new
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+@st.cache_resource(show_spinner="Starting the datacenter engine...",
+                   on_release=SharedEngine.shutdown)
+def shared_engine() -> SharedEngine:
+    """The datacenter engine every browser session of this server shares."""
+    return SharedEngine(model_session())
+
+
+def local_session(choice: str) -> ModelSession:
+    """Weights for the local PC: "cpu" (a laptop's reality) or "gpu" (batch 1 on the GPU)."""
+    want = "cuda" if choice == "gpu" and has_gpu() else "cpu"
+    engine_session = shared_engine().session
+    if engine_session.model.device.type == want:
+        return engine_session
+    return model_session(want)
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
