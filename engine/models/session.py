@@ -56,8 +56,11 @@ def pick_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "bfloat16: native on this GPU"
         return torch.float16, "float16: this GPU has no bfloat16"
-    t32 = min(_time_matmul(device, torch.float32) for _ in range(2))
-    t16 = min(_time_matmul(device, torch.bfloat16) for _ in range(2))
+    # interleaved, best of 5 each: robust to another process taking the cores for a moment
+    t32 = t16 = float("inf")
+    for _ in range(5):
+        t32 = min(t32, _time_matmul(device, torch.float32))
+        t16 = min(t16, _time_matmul(device, torch.bfloat16))
     if t16 < t32:
         return torch.bfloat16, f"bfloat16: matmul {t32 / t16:.1f}x faster than float32 here"
     return torch.float32, f"float32: bfloat16 matmul is {t16 / t32:.1f}x slower here"
