@@ -12,7 +12,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
@@ -22,11 +21,12 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
 from engine.metrics import RequestMetrics
 from engine.models.session import ModelSession, Prompt
-from engine.outputs import RequestHandle, RequestOutput
+from engine.outputs import RequestHandle
 from engine.runner import ModelRunner
 from engine.sampler import make_generator
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
+from engine.serving import ServingBase
 from engine.stopping import append_token, make_output
 
 DEFAULT_CPU_KV_GB = 1.0
@@ -68,7 +68,7 @@ class EngineStats:
     recent_steps: tuple[StepStats, ...] = field(default_factory=tuple)
 
 
-class Engine:
+class Engine(ServingBase):
     """Continuous batching over a paged KV cache. Use as a context manager or call
     `shutdown()` when done."""
 
@@ -128,30 +128,6 @@ class Engine:
         return self.kv.num_blocks * self.kv.block_size
 
     # ---- public API ----------------------------------------------------------------
-    def submit(
-        self, prompt: Prompt, params: SamplingParams | None = None,
-        request_id: str | None = None,
-    ) -> RequestHandle:
-        """Queue one request; returns a streaming handle at once. Thread-safe."""
-        return self._submit_many([prompt], [params or SamplingParams()], [request_id])[0]
-
-    def generate(
-        self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run many prompts to completion; outputs in the order of `prompts`."""
-        if isinstance(params, SamplingParams) or params is None:
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"params: got {len(params)} for {len(prompts)} prompts")
-        handles = self._submit_many(list(prompts), list(params), [None] * len(prompts))
-        return [h.result() for h in handles]
-
-    def cancel(self, request_id: str) -> None:
-        """Stop a request; its blocks are freed at the next step."""
-        with self._cond:
-            self._cancels.add(request_id)
-            self._cond.notify()
-
     def stats(self) -> EngineStats:
         with self._state_lock:
             sch = self.scheduler
@@ -189,12 +165,6 @@ class Engine:
             for seq in list(self._seqs.values()) + self._inbox:
                 self._finish(seq, "cancelled")
             self._inbox.clear()
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
 
     # ---- submission ----------------------------------------------------------------
     def _submit_many(

@@ -21,7 +21,6 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from engine import hardware
@@ -29,10 +28,11 @@ from engine.config import SamplingParams
 from engine.detokenizer import IncrementalDetokenizer
 from engine.metrics import RequestMetrics
 from engine.models.session import ModelSession, Prompt
-from engine.outputs import RequestHandle, RequestOutput
+from engine.outputs import RequestHandle
 from engine.runner import ModelRunner
 from engine.sampler import make_generator
 from engine.sequence import Sequence, Status
+from engine.serving import ServingBase
 from engine.stopping import append_token, make_output
 
 LOCAL_BLOCK = 16
@@ -88,7 +88,7 @@ class LocalStats:
         return len(self.waiting_ids)
 
 
-class LocalRunner:
+class LocalRunner(ServingBase):
     """Same surface as `Engine`: generate, submit (streaming handle), cancel, stats, shutdown."""
 
     def __init__(
@@ -130,27 +130,6 @@ class LocalRunner:
         self._thread.start()
 
     # ---- public API ----------------------------------------------------------------
-    def submit(self, prompt: Prompt, params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestHandle:
-        """Queue one request behind the others; returns a streaming handle at once."""
-        return self._submit_many([prompt], [params or SamplingParams()], [request_id])[0]
-
-    def generate(self, prompts: Seq[Prompt],
-                 params: SamplingParams | Seq[SamplingParams] | None = None,
-                 ) -> list[RequestOutput]:
-        """Run prompts one after another (as one local PC would); outputs in order."""
-        if isinstance(params, SamplingParams) or params is None:
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"params: got {len(params)} for {len(prompts)} prompts")
-        handles = self._submit_many(list(prompts), list(params), [None] * len(prompts))
-        return [h.result() for h in handles]
-
-    def cancel(self, request_id: str) -> None:
-        with self._cond:
-            self._cancels.add(request_id)
-            self._cond.notify()
-
     def stats(self) -> LocalStats:
         with self._cond:
             cur = self._current
@@ -180,12 +159,6 @@ class LocalRunner:
                 seq, handle = self._queue.popleft()
                 self._finish(seq, handle, IncrementalDetokenizer(self.session.tokenizer),
                              "cancelled")
-
-    def __enter__(self) -> LocalRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
 
     # ---- internals -----------------------------------------------------------------
     def _submit_many(self, prompts: list[Prompt], params: list[SamplingParams],

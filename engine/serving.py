@@ -1,0 +1,58 @@
+"""The request surface shared by the datacenter engine and the local runner.
+
+Both queue requests for a background thread and hand back streaming handles; a subclass
+provides `_submit_many` (validate, queue, return handles) and `shutdown`, and owns the
+`_cond` / `_cancels` its loop reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence as Seq
+
+from engine.config import SamplingParams
+from engine.models.session import Prompt
+from engine.outputs import RequestHandle, RequestOutput
+
+
+class ServingBase:
+    _cond: threading.Condition
+    _cancels: set[str]
+
+    def _submit_many(
+        self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
+    ) -> list[RequestHandle]:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def submit(
+        self, prompt: Prompt, params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> RequestHandle:
+        """Queue one request; returns a streaming handle at once. Thread-safe."""
+        return self._submit_many([prompt], [params or SamplingParams()], [request_id])[0]
+
+    def generate(
+        self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion (one params for all, or one each); outputs in order."""
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"params: got {len(params)} for {len(prompts)} prompts")
+        handles = self._submit_many(list(prompts), list(params), [None] * len(prompts))
+        return [h.result() for h in handles]
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request; whatever it holds is freed at the next step."""
+        with self._cond:
+            self._cancels.add(request_id)
+            self._cond.notify()
+
+    def __enter__(self) -> ServingBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
