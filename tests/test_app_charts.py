@@ -39,7 +39,7 @@ def test_tokens_chart_has_one_line_per_side():
 
 
 def test_latency_chart_draws_ttft_and_e2e_by_user():
-    spec = charts.latency_chart(frames.rows_frame(SNAP)).to_dict()
+    spec = charts.latency_chart(frames.latency_frame(SNAP)).to_dict()
     assert spec["encoding"]["x"]["field"] == "user"
     assert spec["encoding"]["strokeDash"]["field"] == "metric"
     rows = values(spec)
@@ -62,7 +62,7 @@ def test_batch_chart_plots_sequences_per_step():
 def test_empty_snapshot_still_gives_valid_charts():
     empty = snapshot()
     for build, frame in ((charts.tokens_chart, frames.tokens_frame),
-                         (charts.latency_chart, frames.rows_frame),
+                         (charts.latency_chart, frames.latency_frame),
                          (charts.kv_chart, frames.kv_frame),
                          (charts.batch_chart, frames.batch_frame)):
         spec = build(frame(empty)).to_dict()
@@ -90,3 +90,10 @@ def test_user_prompts_put_you_first_or_last():
     prompts, you = user_prompts("mine", 3, False, True, ("a", "b"))
     assert you == 2 and [p[0]["content"] for p in prompts] == ["mine"] * 3
     assert prompts[0] == [{"role": "user", "content": "mine"}]
+
+
+def test_a_template_is_the_spec_without_its_rows():
+    chart = charts.tokens_chart(frames.tokens_frame(SNAP))
+    spec = charts.template(chart)
+    assert "datasets" not in spec and "data" not in spec
+    assert spec["encoding"] == chart.to_dict()["encoding"]

@@ -7,6 +7,9 @@ engine. Model output is shown with `st.code` (plain text), never as markdown or 
 
 from __future__ import annotations
 
+import copy
+import os
+
 import pandas as pd
 import streamlit as st
 
@@ -19,7 +22,7 @@ from ui.presets import load_presets, user_prompts
 KEY_RACE = shared.RACE_KEY
 KEY_ERROR = "arena_error"
 KEY_SHOWN_RUNNING = "arena_shown_running"
-REFRESH_S = 0.4
+REFRESH_S = float(os.environ.get("BATCHLENS_REFRESH_S", "0.5"))  # live view, seconds
 HEARTBEAT_S = 5.0
 LOCAL_N_CTX = 2048
 TITLES = {"local": "Local PC — one user at a time", "datacenter": "Datacenter — batched"}
@@ -35,21 +38,24 @@ def is_running() -> bool:
     return race is not None and not race.finished
 
 
+LIVE_CHARTS = (  # (builder, frame) per chart, in page order: 2 x 2
+    (charts.tokens_chart, frames.tokens_frame),
+    (charts.latency_chart, frames.latency_frame),
+    (charts.kv_chart, frames.kv_frame),
+    (charts.batch_chart, frames.batch_frame),
+)
+EMPTY = RaceSnapshot("waiting", 0.0, {}, [], [], [], [], False, None, None, None)
+
+
 @st.cache_resource(show_spinner=False)
-def _charts_warmed_up() -> bool:
-    """Build every chart once per process: Altair loads its schema on the first build,
-    which should not happen while the first race is being timed."""
-    empty = RaceSnapshot("waiting", 0.0, {}, [], [], [], [], False, None, None, None)
-    for build, frame in ((charts.tokens_chart, frames.tokens_frame),
-                         (charts.latency_chart, frames.rows_frame),
-                         (charts.kv_chart, frames.kv_frame),
-                         (charts.batch_chart, frames.batch_frame)):
-        build(frame(empty)).to_dict()
-    return True
+def chart_templates() -> list[dict]:
+    """Every live chart's spec, built and validated once per process, so a refresh only
+    sends new rows (and the first race is not timed while Altair loads its schema)."""
+    return [charts.template(build(frame(EMPTY))) for build, frame in LIVE_CHARTS]
 
 
 def intro() -> None:
-    _charts_warmed_up()
+    chart_templates()
     st.header("Arena: the same prompt, many users, both sides")
     st.caption("Everyone sends at the same moment. The local PC answers one user at a time; "
                "the datacenter engine batches all of them into each step.")
@@ -192,12 +198,10 @@ def side_panel(view: SideView, snap: RaceSnapshot) -> None:
 
 
 def live_charts(snap: RaceSnapshot) -> None:
-    a, b = st.columns(2)
-    a.altair_chart(charts.tokens_chart(frames.tokens_frame(snap)), width="stretch")
-    b.altair_chart(charts.latency_chart(frames.rows_frame(snap)), width="stretch")
-    c, d = st.columns(2)
-    c.altair_chart(charts.kv_chart(frames.kv_frame(snap)), width="stretch")
-    d.altair_chart(charts.batch_chart(frames.batch_frame(snap)), width="stretch")
+    """The four charts, two per row, redrawn from the templates with the snapshot's rows."""
+    cells = [cell for _ in range(2) for cell in st.columns(2)]
+    for cell, spec, (_, frame) in zip(cells, chart_templates(), LIVE_CHARTS, strict=True):
+        cell.vega_lite_chart(frame(snap), copy.deepcopy(spec), width="stretch")
 
 
 def results(snap: RaceSnapshot) -> None:

@@ -35,6 +35,15 @@ def batch_frame(snap: RaceSnapshot) -> pd.DataFrame:
     return _frame(snap.batch, ["t", "num_seqs"])
 
 
+def latency_frame(snap: RaceSnapshot) -> pd.DataFrame:
+    """side, user, metric ("TTFT" | "end-to-end"), seconds: one row per finished request
+    and metric."""
+    long = rows_frame(snap).melt(id_vars=["side", "user"], value_vars=["ttft_s", "e2e_s"],
+                                 var_name="metric", value_name="seconds")
+    long["metric"] = long["metric"].map({"ttft_s": "TTFT", "e2e_s": "end-to-end"})
+    return long
+
+
 def rows_frame(snap: RaceSnapshot) -> pd.DataFrame:
     """One row per finished request: the table and the CSV."""
     return _frame(snap.rows, ROW_COLUMNS)

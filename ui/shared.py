@@ -12,6 +12,7 @@ BATCHLENS_DTYPE to force a dtype (default "auto").
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import streamlit as st
@@ -20,6 +21,10 @@ import torch
 from engine import Engine, EngineConfig, ModelSession
 
 RACE_KEY = "arena_race"  # st.session_state key of this browser session's race
+# The page's threads (script runs, the websocket loop) share the GIL with the engine's
+# compute thread, which gives it up around every tensor op; a short switch interval hands
+# it back sooner (Python's default, 5 ms, is longer than most decode ops here).
+GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005"))
 FIRST_LOAD = ("Loading the model: the very first start converts the GGUF file (~20 s); "
               "later starts read the cached weights (~2 s)...")
 
@@ -56,6 +61,7 @@ class SharedEngine:
                    on_release=SharedEngine.shutdown)
 def shared_engine() -> SharedEngine:
     """The datacenter engine every browser session of this server shares."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     return SharedEngine(model_session())
 
 
