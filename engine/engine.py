@@ -156,11 +156,7 @@ class Engine(ServingBase):
 
     def shutdown(self) -> None:
         """Stop the step loop; unfinished requests end as cancelled."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+        self._stop_loop()
         with self._state_lock:
             for seq in list(self._seqs.values()) + self._inbox:
                 self._finish(seq, "cancelled")

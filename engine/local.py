@@ -149,11 +149,7 @@ class LocalRunner(ServingBase):
             )
 
     def shutdown(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+        self._stop_loop()
         with self._cond:
             while self._queue:
                 seq, handle = self._queue.popleft()

@@ -18,6 +18,16 @@ from engine.outputs import RequestHandle, RequestOutput
 class ServingBase:
     _cond: threading.Condition
     _cancels: set[str]
+    _stopped: bool
+    _thread: threading.Thread
+
+    def _stop_loop(self) -> None:
+        """Tell the background loop to end and wait for it."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
 
     def _submit_many(
         self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
