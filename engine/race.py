@@ -57,6 +57,11 @@ class SideView:
     users_finished: int
     users_ahead_of_you: int | None  # in the side's queue; 0 = being served; None = done
 
+    @classmethod
+    def idle(cls, side: str, num_users: int = 0) -> SideView:
+        """A side that has not started."""
+        return cls(side, num_users, False, False, 0.0, "", None, None, 0, None, 0, None)
+
 
 @dataclass(frozen=True)
 class RaceSnapshot:
@@ -355,7 +360,7 @@ class Race:
     def _view(self, side: _Side, now: float) -> SideView:
         n = len(self.prompt_ids)
         if side.t0 is None:
-            return SideView(side.name, n, False, False, 0.0, "", None, None, 0, None, 0, None)
+            return SideView.idle(side.name, n)
         done = side.outputs is not None
         elapsed = (side.t_end or now) - side.t0
         you = side.handles[self.you]

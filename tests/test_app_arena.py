@@ -25,6 +25,7 @@ def test_page_shows_controls_presets_and_an_idle_status_strip():
     assert not at.button(key="arena_run").disabled and at.button(key="arena_stop").disabled
     assert "running: 0" in at.caption[0].value
     assert at.info and "press Run" in at.info[0].value
+    assert len(at.get("vega_lite_chart")) == 4  # the live layout is there, empty, before Run
 
 
 def test_a_preset_fills_the_prompt():

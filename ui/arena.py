@@ -44,7 +44,8 @@ LIVE_CHARTS = (  # (builder, frame) per chart, in page order: 2 x 2
     (charts.kv_chart, frames.kv_frame),
     (charts.batch_chart, frames.batch_frame),
 )
-EMPTY = RaceSnapshot("waiting", 0.0, {}, [], [], [], [], False, None, None, None)
+EMPTY = RaceSnapshot("waiting", 0.0, {s: SideView.idle(s) for s in ("local", "datacenter")},
+                     [], [], [], [], False, None, None, None)
 
 
 @st.cache_resource(show_spinner=False)
@@ -146,11 +147,12 @@ def live() -> None:
 
 def _live_view() -> None:
     race = current_race()
-    if race is None:
+    if race is None:  # the same layout, empty: pressing Run then only updates it
         st.info("Pick a prompt, set the number of users and press Run.")
-        return
-    race.touch()
-    snap = race.snapshot()
+        snap = EMPTY
+    else:
+        race.touch()
+        snap = race.snapshot()
     local_col, dc_col = st.columns(2, gap="large")
     with local_col:
         side_panel(snap.sides["local"], snap)
@@ -171,6 +173,8 @@ def _num(value: float | None, fmt: str) -> str:
 def _side_state(view: SideView, snap: RaceSnapshot) -> str:
     if view.finished:
         return "Done."
+    if snap.phase == "waiting":
+        return "Ready."
     if not view.started:
         return ("Waiting: the two sides never run at once, so neither steals the other's "
                 "cores." if not snap.finished else "Not run.")
