@@ -339,7 +339,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 short requests, concurrency 1,8,16")
     ap.add_argument("--requests", type=int, help="number of requests (default 64, quick 16)")
-    ap.add_argument("--only", help=f"comma-separated subset of {','.join(RUNS)}")
+    ap.add_argument("--only", help=f"comma-separated subset of {','.join(RUNS)}, run in the "
+                    "order given")
     ap.add_argument("--model", help="local HF folder or .gguf (default: the bundled model)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if (busy := others_busy(cpu0, cpu_sample())) > 0.1:
         print(f"warning: other processes used {busy:.0%} of the CPUs just before the runs")
     results: list[RunResult] = []
-    for name in [k for k in RUNS if k in a.only]:
+    for name in a.only:
         print(f"run {name} ...", file=sys.stderr, flush=True)
         t, cpu0 = time.monotonic(), cpu_sample()
         try:
@@ -395,16 +396,23 @@ def main(argv: list[str] | None = None) -> int:
             r.extra["others_cpu"] = others_busy(cpu0, cpu_sample())
         results += got
         print(f"run {name} done in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
+        if a.json:
+            save_json(a.json, a, session, dtype, results, complete=name == a.only[-1])
     print("\n" + report(results))
-    if a.json:
-        doc = {"model": session.name, "device": str(session.model.device), "dtype": dtype,
-               "threads": torch.get_num_threads(), "requests": a.n, "seed": a.seed,
-               "runs": {r.name: {"summary": r.summary.as_dict() if r.summary else None,
-                                 "na": r.na, **r.extra} for r in results},
-               "ratios": ratios(results)}
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=2)
     return 0
+
+
+def save_json(path: str, a: argparse.Namespace, session: ModelSession, dtype: str,
+              results: list[RunResult], complete: bool) -> None:
+    """Write the figures so far; called after every run, so a killed bench keeps them."""
+    doc = {"model": session.name, "device": str(session.model.device), "dtype": dtype,
+           "threads": torch.get_num_threads(), "requests": a.n, "seed": a.seed,
+           "complete": complete,
+           "runs": {r.name: {"summary": r.summary.as_dict() if r.summary else None,
+                             "na": r.na, **r.extra} for r in results},
+           "ratios": ratios(results)}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
 
 
 if __name__ == "__main__":

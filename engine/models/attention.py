@@ -46,6 +46,7 @@ class DecodeGroup:
     num_seqs: int
     gather_index: torch.Tensor  # gather_index of the padded block tables
     bias: torch.Tensor  # [1, S, 1, max_blocks * block_size]: 0 for real keys, -inf for padding
+    fused: bool = False  # small group: SDPA with `bias` (model dtype) as its mask
 
 
 @dataclass
@@ -118,7 +119,11 @@ def paged_attention(
         qd = q[rows].view(s, kvh, group, d).transpose(0, 1)
         kd = gather_kv(k_cache, g.gather_index, s)
         vd = gather_kv(v_cache, g.gather_index, s)
-        out[rows] = decode_attention(qd, kd, vd, g.bias, scale).transpose(0, 1).reshape(s, h, d)
+        if g.fused:
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=g.bias, scale=scale)
+        else:
+            od = decode_attention(qd, kd, vd, g.bias, scale)
+        out[rows] = od.transpose(0, 1).reshape(s, h, d)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.start + chunk.length)
         qc = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]

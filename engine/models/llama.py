@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from engine.models import loader
 from engine.models.attention import AttentionMetadata, paged_attention, write_kv
+from engine.models.linear import Linear, should_pack
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,11 @@ class Layer:
     """One decoder layer's weights, with Q/K/V and gate/up fused."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    qkv: Linear
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Linear
+    down: Linear
 
 
 class LlamaModel:
@@ -107,12 +107,13 @@ class LlamaModel:
                 raise loader.ModelLoadError(f"weight {name!r} missing from the checkpoint")
             return state[name].to(device=device, dtype=dtype).contiguous()
 
+        pack = should_pack(device, dtype)
         self.embed = w("model.embed_tokens.weight")
         self.norm = w("model.norm.weight")
         if spec.tie_word_embeddings or "lm_head.weight" not in state:
-            self.lm_head = self.embed
+            self.lm_head = Linear(self.embed, pack=pack)
         else:
-            self.lm_head = w("lm_head.weight")
+            self.lm_head = Linear(w("lm_head.weight"), pack=pack)
         self.layers: list[Layer] = []
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
@@ -122,12 +123,12 @@ class LlamaModel:
                 bias = torch.cat([w(f"{att}{x}_proj.bias") for x in "qkv"])
             self.layers.append(Layer(
                 input_norm=w(p + "input_layernorm.weight"),
-                qkv=torch.cat([w(f"{att}{x}_proj.weight") for x in "qkv"]).contiguous(),
-                qkv_bias=bias,
-                o=w(att + "o_proj.weight"),
+                qkv=Linear(torch.cat([w(f"{att}{x}_proj.weight") for x in "qkv"]), bias, pack),
+                o=Linear(w(att + "o_proj.weight"), pack=pack),
                 post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([w(mlp + "gate_proj.weight"), w(mlp + "up_proj.weight")]),
-                down=w(mlp + "down_proj.weight"),
+                gate_up=Linear(torch.cat([w(mlp + "gate_proj.weight"),
+                                          w(mlp + "up_proj.weight")]), pack=pack),
+                down=Linear(w(mlp + "down_proj.weight"), pack=pack),
             ))
         # cos/sin for every position, in float32 as transformers computes them
         pos = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
@@ -145,10 +146,9 @@ class LlamaModel:
         return cls(spec, loader.read_state_dict(folder), inv, scaling, device, dtype)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # as transformers: normalise in float32, cast back, then scale
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
-        return weight * xf.to(x.dtype)
+        # as transformers: normalise in float32, cast back, then scale (one fused kernel)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_norm_eps)
+        return weight * normed.to(x.dtype)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
@@ -174,17 +174,16 @@ class LlamaModel:
         x = self.embed[input_ids]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             hs = self._rms_norm(x, layer.input_norm)
-            qkv = F.linear(hs, layer.qkv, layer.qkv_bias)
-            q = qkv[:, :q_size].view(t, h, d)
-            k = qkv[:, q_size : q_size + kv_size].view(t, kvh, d)
+            qkv = layer.qkv(hs)
+            # RoPE on q and k heads together: [T, H + kvh, d]
+            qk = self._rope(qkv[:, : q_size + kv_size].view(t, h + kvh, d), cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, q_size + kv_size :].view(t, kvh, d)
-            q = self._rope(q, cos, sin)
-            k = self._rope(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            x = x + F.linear(attn, layer.o)
+            x = x + layer.o(attn)
             hs = self._rms_norm(x, layer.post_norm)
-            gate, up = F.linear(hs, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(hs).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         x = self._rms_norm(x[logits_rows], self.norm)
-        return F.linear(x, self.lm_head).float()
+        return self.lm_head(x).float()
