@@ -11,9 +11,10 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 nvidia-smi -L
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 python3 scripts/random_model.py .gpu/smollm2 /tmp/smollm2-random
-BATCHLENS_TEST_DEVICE=cuda BATCHLENS_TOKENIZER_DIR=.gpu/smollm2 timeout 120 python3 -m pytest -q \
-  -p no:cacheprovider tests/test_engine_correctness.py -k tiny tests/test_kv_cache.py \
-  tests/test_scheduler.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
+export BATCHLENS_TEST_DEVICE=cuda BATCHLENS_TOKENIZER_DIR=.gpu/smollm2
+{ timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_engine_correctness.py -k tiny
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_kv_cache.py tests/test_scheduler.py
+} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error"
 # slowest run last: if the time limit cuts it, the JSON written after each run keeps the rest
 timeout "${BENCH_TIMEOUT:-420}" python3 -m engine.bench --model /tmp/smollm2-random --device cuda \
   --only engine,local,hf_static,hf_continuous,hf_batch1 \
