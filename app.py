@@ -1,6 +1,6 @@
 """batchlens: the Streamlit entry point. Navigation over pages/, and the shared chrome:
 page config, the one-line claim, the shared engine (loaded once), its sidebar settings
-and the status strip."""
+(hidden in presenter mode), the presenter-mode switch and the status strip."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui import settings, shared, status
+from ui import presenter, settings, shared, status
 
 HERE = Path(__file__).resolve().parent
 # Menu order and labels of known pages; only files that exist in pages/ are shown, and any
@@ -37,6 +37,11 @@ st.set_page_config(page_title="batchlens", page_icon=":material/speed:", layout=
 page = st.navigation(page_list())
 st.title("A local PC serves one user at a time; a datacenter batches everyone.")
 holder = shared.shared_engine()
-settings.engine_settings(holder)
+presenting = presenter.sync_from_url()  # before the toggle widget: it may set its state
+presenter.toggle()
+if presenting:
+    presenter.apply_style()  # big text; the engine settings stay hidden
+else:
+    settings.engine_settings(holder)
 status.status_strip()
 page.run()

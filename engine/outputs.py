@@ -56,6 +56,7 @@ class RequestHandle:
         self._cancel = cancel
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._done = threading.Event()
+        self._first = threading.Event()  # set at the first token (or the end)
         self._output: RequestOutput | None = None
         self.text = ""  # text handed out so far by iteration / poll
         self.num_tokens = 0
@@ -63,11 +64,13 @@ class RequestHandle:
     # ---- engine side ---------------------------------------------------------------
     def _push(self, delta: str, num_tokens: int) -> None:
         self._events.put((delta, num_tokens))
+        self._first.set()
 
     def _finish(self, output: RequestOutput, last_delta: str = "") -> None:
         self._output = output
         self._events.put((last_delta, len(output.token_ids)))
         self._events.put(None)
+        self._first.set()
         self._done.set()
 
     # ---- consumer side -------------------------------------------------------------
@@ -79,6 +82,10 @@ class RequestHandle:
         """Ask the engine to stop this request; its blocks are freed at the next step."""
         if not self.done:
             self._cancel(self.request_id)
+
+    def wait_first_token(self, timeout: float | None = None) -> bool:
+        """Block until the first token (or the end); False if `timeout` passed first."""
+        return self._first.wait(timeout)
 
     def __iter__(self) -> Iterator[str]:
         while True:

@@ -276,9 +276,10 @@ class Race:
         with self._lock:
             self._phase = side.name
             side.t0 = time.monotonic()
-            for user, ids in enumerate(self.prompt_ids):
-                rid = f"{self.race_id}-{side.name[:2]}-u{user}"
-                side.handles.append(side.runner.submit(ids, self._params_for(user), rid))
+            n = len(self.prompt_ids)
+            side.handles.extend(side.runner.submit_many(  # one moment: same batches every run
+                self.prompt_ids, [self._params_for(u) for u in range(n)],
+                [f"{self.race_id}-{side.name[:2]}-u{u}" for u in range(n)]))
         if self._stop.is_set():
             self.stop()
         deadline = None

@@ -44,6 +44,20 @@ class ServingBase:
         """Queue one request; returns a streaming handle at once. Thread-safe."""
         return self._submit_many([prompt], [params or SamplingParams()], [request_id])[0]
 
+    def submit_many(
+        self, prompts: Seq[Prompt], params: Seq[SamplingParams],
+        request_ids: Seq[str | None] | None = None,
+    ) -> list[RequestHandle]:
+        """Queue several requests at one moment (all validated first, then queued under one
+        lock), so the engine admits them in the same step: the same workload gives the
+        same batches, hence the same outputs, run after run. Thread-safe."""
+        if len(params) != len(prompts):
+            raise ValueError(f"params: got {len(params)} for {len(prompts)} prompts")
+        ids = list(request_ids) if request_ids is not None else [None] * len(prompts)
+        if len(ids) != len(prompts):
+            raise ValueError(f"request_ids: got {len(ids)} for {len(prompts)} prompts")
+        return self._submit_many(list(prompts), list(params), ids)
+
     def generate(
         self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[RequestOutput]:

@@ -13,7 +13,7 @@ import os
 import pandas as pd
 import streamlit as st
 
-from engine import SamplingParams
+from engine import SamplingParams, scenarios
 from engine.local import LocalRunner
 from engine.race import Race, RaceSnapshot, SideView
 from ui import charts, frames, shared
@@ -27,6 +27,16 @@ HEARTBEAT_S = 5.0
 LOCAL_N_CTX = 2048
 TITLES = {"local": "Local PC — one user at a time", "datacenter": "Datacenter — batched"}
 OTHERS = ("varied prompts", "the same prompt")
+KEY_SCENARIO = "arena_scenario"  # the scripted scenario last started, if any
+NO_PACE = "this machine's real speed"
+# Projections the local side can be paced to: (hardware, model, precision) in engine/hardware.py
+EMULATIONS: dict[str, tuple[str, str, str] | None] = {
+    NO_PACE: None,
+    "Llama-2-7B fp16 on a laptop CPU (projected)": ("laptop_cpu", "llama-2-7b", "fp16"),
+    "Llama-2-13B fp16 on an RTX 4090 (projected)": ("rtx4090", "llama-2-13b", "fp16"),
+    "Llama-2-70B int4 on an M2 Max (projected)": ("m2_max", "llama-2-70b", "int4"),
+    "Llama-2-70B int4 on a laptop CPU (projected)": ("laptop_cpu", "llama-2-70b", "int4"),
+}
 
 
 def current_race() -> Race | None:
@@ -84,6 +94,10 @@ def controls() -> None:
                  disabled=running)
         st.checkbox("Put me last in line", key="arena_you_last", disabled=running)
         _local_device_choice(running)
+        st.selectbox("Pace the local PC to", list(EMULATIONS), key="arena_pace",
+                     disabled=running, help="Slow the local side down to the roofline "
+                     "projection of a bigger model on consumer hardware (engine/hardware.py); "
+                     "the label says so wherever its figures appear.")
     empty = not ss["arena_prompt"].strip()
     run, stop, hint = st.columns([1, 1, 5], vertical_alignment="center")
     run.button("Run", type="primary", key="arena_run", on_click=_on_run,
@@ -117,12 +131,24 @@ def _on_run() -> None:
     prompts, you = user_prompts(
         ss["arena_prompt"], int(ss["arena_users"]), ss["arena_others"] == OTHERS[0],
         bool(ss["arena_you_last"]), load_presets().others)
-    local = None
     try:
         params = SamplingParams(max_tokens=int(ss["arena_max_tokens"]),
                                 temperature=float(ss["arena_temperature"]))
+    except ValueError as exc:
+        ss[KEY_ERROR] = f"Not started: {exc}"
+        return
+    start_race(prompts, params, you, EMULATIONS.get(ss.get("arena_pace", NO_PACE)))
+
+
+def start_race(prompts: list, params: SamplingParams, you: int = 0,
+               emulation: tuple[str, str, str] | None = None) -> None:
+    """Start this session's race; a bad setting leaves a message instead."""
+    ss, local = st.session_state, None
+    try:
         session = shared.local_session(ss.get("arena_local_device", "cpu"))
-        local = LocalRunner(session, n_ctx=LOCAL_N_CTX)
+        pace = dict(zip(("device_profile", "model_profile", "precision"), emulation or (),
+                        strict=False))
+        local = LocalRunner(session, n_ctx=LOCAL_N_CTX, **pace)
         race = Race(shared.shared_engine().engine, local, prompts, params, you=you,
                     heartbeat_timeout=HEARTBEAT_S, close_local=True)
     except ValueError as exc:
@@ -131,6 +157,18 @@ def _on_run() -> None:
         ss[KEY_ERROR] = f"Not started: {exc}"
         return
     ss[KEY_RACE] = race.start()
+
+
+def start_scenario(key: str) -> None:
+    """Play a scripted scenario (engine/scenarios.py) in the arena: fixed prompts, greedy."""
+    sc = scenarios.get(key)
+    ss = st.session_state
+    ss["arena_prompt"] = sc.prompts[0][-1]["content"]
+    ss["arena_users"], ss["arena_max_tokens"] = sc.num_users, sc.max_tokens
+    ss["arena_temperature"] = 0.0
+    ss["arena_pace"] = next((k for k, v in EMULATIONS.items() if v == sc.emulation), NO_PACE)
+    ss[KEY_SCENARIO] = key
+    start_race([list(p) for p in sc.prompts], sc.params(0), 0, sc.emulation)
 
 
 def _on_stop() -> None:
@@ -154,8 +192,9 @@ def _live_view() -> None:
         race.touch()
         snap = race.snapshot()
     local_col, dc_col = st.columns(2, gap="large")
+    emulation = race.local.emulation if race is not None else None
     with local_col:
-        side_panel(snap.sides["local"], snap)
+        side_panel(snap.sides["local"], snap, emulation.label if emulation else None)
     with dc_col:
         side_panel(snap.sides["datacenter"], snap)
     live_charts(snap)
@@ -185,10 +224,12 @@ def _place(view: SideView) -> str:
     return "—" if view.users_ahead_of_you is None else str(view.users_ahead_of_you)
 
 
-def side_panel(view: SideView, snap: RaceSnapshot) -> None:
-    """One side: live metrics and your answer as plain text."""
+def side_panel(view: SideView, snap: RaceSnapshot, note: str | None = None) -> None:
+    """One side: live metrics and your answer as plain text; `note` labels an emulation."""
     with st.container(key=f"side-{view.side}", border=True):
         st.subheader(TITLES[view.side])
+        if note:
+            st.markdown(f":orange-badge[{note}]")
         st.caption(_side_state(view, snap))
         a, b, c = st.columns(3)
         a.metric("Your TTFT", f"{_num(view.your_ttft, '.2f')} s")

@@ -1,0 +1,76 @@
+"""Scripted scenarios (engine/scenarios.py): well-formed, fit the engine, and replayable:
+the same scenario run twice gives the same text."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine import Engine, EngineConfig, scenarios
+from engine.local import LocalRunner
+from engine.race import Race
+
+
+def test_registry_and_presenter_set():
+    assert len(scenarios.PRESENTER) == 4
+    for key in scenarios.PRESENTER:
+        assert scenarios.get(key).key == key
+    with pytest.raises(ValueError, match="scenario: unknown 'nope'"):
+        scenarios.get("nope")
+    laptop = scenarios.get("laptop_70b")
+    assert laptop.emulation == ("laptop_cpu", "llama-2-70b", "int4")
+    many = scenarios.get("many_users")
+    assert many.num_users == 32 and len({p[-1]["content"] for p in many.prompts}) > 8
+
+
+def test_engine_config_applies_scenario_fields_then_changes():
+    sc = scenarios.get("small_pool")
+    cfg = sc.engine_config(EngineConfig(max_num_seqs=7), block_size=8)
+    assert cfg.num_kv_blocks == 64 and cfg.max_num_seqs == 7 and cfg.block_size == 8
+
+
+def test_shared_prefix_system_prompt_is_about_300_tokens(session):
+    sc = scenarios.get("shared_prefix")
+    ids = [session.encode(list(p)) for p in sc.prompts + (sc.warmup,)]
+    shared = next(i for i, col in enumerate(zip(*ids, strict=False)) if len(set(col)) > 1)
+    assert 290 <= shared <= 340  # tokens every user's prompt (and the warm-up) starts with
+    assert all(len(x) - shared < 30 for x in ids)  # short questions after it
+
+
+@pytest.mark.model
+def test_many_users_twice_gives_identical_text(session):
+    sc = scenarios.get("many_users")
+    with Engine(EngineConfig(num_kv_blocks=256), session=session) as eng:
+        first = scenarios.run_scenario(eng, sc, prefix="a")
+        second = scenarios.run_scenario(eng, sc, prefix="b")
+        kv = eng.stats().kv
+    assert len(first.outputs) == 32 and all(first.texts)
+    assert first.texts == second.texts
+    assert kv.free_blocks + kv.cached_blocks == kv.num_blocks  # nothing leaked
+
+
+@pytest.mark.model
+def test_one_user_race_twice_gives_identical_text_on_both_sides(session):
+    sc = scenarios.get("one_user")
+    texts = []
+    with Engine(EngineConfig(num_kv_blocks=64), session=session) as eng:
+        for _ in range(2):
+            race = Race(eng, LocalRunner(session, n_ctx=512), [list(p) for p in sc.prompts],
+                        sc.params(0), heartbeat_timeout=None, close_local=True).start()
+            assert race.join(timeout=120)
+            texts.append([race.outputs(side)[0].text for side in ("datacenter", "local")])
+    assert texts[0] == texts[1]
+    assert texts[0][0] == texts[0][1]  # greedy: both sides agree too
+
+
+@pytest.mark.model
+def test_stop_cancels_a_staggered_scenario(session):
+    sc = scenarios.get("shared_prefix")
+    stop = threading.Event()
+    with Engine(sc.engine_config(), session=session) as eng:
+        res = scenarios.run_scenario(eng, sc, stop=stop,
+                                     on_submit=lambda i, h: i == 1 and stop.set())
+        kv = eng.stats().kv
+    assert res.stopped and len(res.outputs) == 2
+    assert kv.free_blocks + kv.cached_blocks == kv.num_blocks

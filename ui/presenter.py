@@ -1,0 +1,85 @@
+"""Presenter mode: large text for a projector, the engine settings hidden, and the four
+scripted scenarios one click away.
+
+On with the sidebar toggle or `?presenter=1` in the URL; it stays on for the browser
+session across pages (and the URL keeps the parameter, so a reload keeps it too).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine import scenarios
+
+KEY = "presenter"
+QUERY = "presenter"
+ON_VALUES = ("1", "true", "on", "yes")
+KEY_KV_START = "kv_autostart"  # the KV cache page starts this scenario when it opens
+
+# Scaled for a projector at the back of a room: base text, metric values, headings.
+CSS = """
+<style>
+html, body, [class*="st-"] { font-size: 22px; }
+[data-testid="stMetricValue"] { font-size: 3.2rem; font-weight: 700; }
+[data-testid="stMetricLabel"] p { font-size: 1.15rem; }
+h1 { font-size: 2.6rem !important; }
+h2 { font-size: 2.1rem !important; }
+h3 { font-size: 1.7rem !important; }
+[data-testid="stCode"] pre, [data-testid="stCode"] code { font-size: 1.1rem; }
+[data-testid="stCaptionContainer"] { font-size: 1.05rem; }
+</style>
+"""
+
+
+def sync_from_url() -> bool:
+    """Read `?presenter=` once per run into the session; return whether the mode is on."""
+    ss = st.session_state
+    value = st.query_params.get(QUERY)
+    if value is not None:
+        ss[KEY] = value.strip().lower() in ON_VALUES
+    elif ss.get(KEY):
+        st.query_params[QUERY] = "1"  # page switches drop query parameters; put it back
+    ss.setdefault(KEY, False)
+    return bool(ss[KEY])
+
+
+def is_on() -> bool:
+    return bool(st.session_state.get(KEY))
+
+
+def toggle() -> None:
+    """The sidebar switch; the URL follows it so the mode survives a reload."""
+    st.sidebar.toggle("Presenter mode", key=KEY, on_change=_follow_url,
+                      help="Big text for a projector, settings hidden, scripted scenarios. "
+                           "Also: add ?presenter=1 to the URL.")
+
+
+def _follow_url() -> None:
+    if st.session_state.get(KEY):
+        st.query_params[QUERY] = "1"
+    else:
+        st.query_params.pop(QUERY, None)
+
+
+def apply_style() -> None:
+    """Enlarge text and metrics (call on every run while the mode is on)."""
+    st.html(CSS)
+
+
+def scenario_bar(disabled: bool) -> None:
+    """One button per scripted scenario. Arena scenarios start a race here; the shared
+    system prompt one opens the KV cache page, which plays it."""
+    from ui import arena  # the arena's race starter; imported here to avoid a cycle
+
+    st.caption("Scripted scenarios: fixed prompts, greedy decoding, the same text every run.")
+    cols = st.columns(len(scenarios.PRESENTER))
+    for col, key in zip(cols, scenarios.PRESENTER, strict=True):
+        sc = scenarios.get(key)
+        if col.button(sc.title, key=f"scenario-{key}", disabled=disabled, width="stretch",
+                      help=sc.shows, type="primary" if key == "many_users" else "secondary"):
+            if sc.page == "arena":
+                arena.start_scenario(key)
+                st.rerun()
+            else:
+                st.session_state[KEY_KV_START] = key
+                st.switch_page(f"pages/{sc.page}.py")
