@@ -347,6 +347,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--report", metavar="PATH", nargs="+",
+                    help="print the table of saved --json files (runs merged) and exit")
     a = ap.parse_args(argv)
     a.only = a.only.split(",") if a.only else list(RUNS)
     if unknown := set(a.only) - set(RUNS):
@@ -362,6 +364,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Load the model once, run the chosen runs in turn, print and optionally save."""
     a = parse_args(argv)
+    if a.report:
+        print(report_saved(a.report))
+        return 0
     if a.threads:
         torch.set_num_threads(a.threads)
     import transformers
@@ -400,6 +405,26 @@ def main(argv: list[str] | None = None) -> int:
             save_json(a.json, a, session, dtype, results, complete=name == a.only[-1])
     print("\n" + report(results))
     return 0
+
+
+def report_saved(paths: list[str]) -> str:
+    """The table and ratios of runs saved by `--json` (later files add or replace runs)."""
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    runs: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        runs.update(doc["runs"])
+    results = []
+    for name, r in runs.items():
+        extra = {k: v for k, v in r.items() if k not in ("summary", "na")}
+        summary = RunSummary(**r["summary"]) if r["summary"] else None
+        results.append(RunResult(name, summary, r["na"], extra))
+    d = docs[0]
+    head = (f"model {d['model']} on {d['device']}, dtype {d['dtype']}, {d['threads']} threads; "
+            f"{d['requests']} requests (seed {d['seed']}); from {', '.join(paths)}")
+    return head + "\n\n" + report(results)
 
 
 def save_json(path: str, a: argparse.Namespace, session: ModelSession, dtype: str,
