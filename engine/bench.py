@@ -28,7 +28,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.local import LocalRunner
 from engine.metrics import RequestMetrics, RunSummary, summarize
-from engine.models.session import ModelSession
+from engine.models.session import ModelSession, freeze_heap
 
 TEXT = (
     "The old lighthouse stood at the edge of the cliff for more than a century, guiding ships "
@@ -122,7 +122,9 @@ class BenchContext:
             hf = AutoModelForCausalLM.from_pretrained(self.session.folder, dtype=m.dtype)
             return hf.to(m.device).eval()
 
-        return compute.run(load)
+        hf = compute.run(load)
+        freeze_heap()  # as ModelSession.load does: no full-heap GC pauses in any run
+        return hf
 
     @property
     def pad_id(self) -> int:

@@ -19,6 +19,7 @@ Prefix caching hashes each full block chained to its parent's hash,
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -71,6 +72,23 @@ class BlockInfo:
 
 def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
+
+
+def waste_for_block_size(lengths: Iterable[int], block_size: int) -> float:
+    """Share of reserved slots left empty if each request of `lengths` tokens held
+    ceil(L / block_size) whole blocks: sum(ceil(L/bs)*bs - L) / sum(ceil(L/bs)*bs).
+
+    Only the tail of each request's last block is wasted; 0.0 when nothing is reserved.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    reserved = used = 0
+    for n in lengths:
+        if n < 0:
+            raise ValueError(f"lengths must be >= 0, got {n}")
+        reserved += -(-n // block_size) * block_size
+        used += n
+    return (reserved - used) / reserved if reserved else 0.0
 
 
 class KVCacheManager:

@@ -6,6 +6,7 @@ the very same weights and math.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,9 @@ class ModelSession:
         cls, model: str | None = None, device: str = "auto", dtype: str = "auto"
     ) -> ModelSession:
         """Resolve, convert if needed (GGUF, once), and load a model (on the compute thread)."""
-        return compute.run(cls._load, model, device, dtype)
+        session = compute.run(cls._load, model, device, dtype)
+        freeze_heap()
+        return session
 
     @classmethod
     def _load(cls, model: str | None, device: str, dtype: str) -> ModelSession:
@@ -126,3 +129,12 @@ class ModelSession:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def freeze_heap() -> None:
+    """Move every object alive now (weights, tokenizer, imported libraries) out of the
+    garbage collector's reach. Otherwise each full collection walks that whole heap while
+    the engine's step loop waits: measured on the 2-core CPU with transformers' model also
+    loaded, decode steps of 24 ms were 63 ms on average, with pauses up to 1.7 s."""
+    gc.collect()
+    gc.freeze()

@@ -1,0 +1,347 @@
+"""The KV cache page's parts: scenario cards, the live block maps and figures, the
+scheduler's steps, and the last scenario's result with its block size trade-off.
+
+    controls()  one card per KV scenario (prefix caching, block size, Run), and Stop
+    live()      a fragment redrawn every REFRESH_S while a scenario runs (IDLE_REFRESH_S
+                otherwise) for the engine shown: a running scenario's own engine, else the
+                shared one -> figures, paged map | contiguous layout, steps, last scenario
+
+A scenario plays on an engine of its own (`engine.scenario_job`), built on the shared
+weights, so the shared engine's settings are never touched. Every figure comes from the
+engine shown (`kv_snapshot()`, `stats()`) or from the scenario's result; model output is
+shown only as plain text (`st.code`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+import streamlit as st
+
+from engine.engine import Engine, EngineStats
+from engine.kv_cache import BlockInfo, KVCacheStats, waste_for_block_size
+from engine.scenario_job import ScenarioJob, scenario_config
+from engine.scenarios import SCENARIOS, get
+from ui import kv_charts, kv_frames, presenter, shared
+from ui.arena import LOCAL_N_CTX, REFRESH_S
+from ui.charts import template
+
+KEY_JOB = "kv_job"
+KEY_RUNS = "kv_runs"
+KEY_ERROR = "kv_error"
+KEY_SHOWN_RUNNING = "kv_shown_running"
+IDLE_REFRESH_S = 1.0
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+KV_SCENARIOS = tuple(k for k, s in SCENARIOS.items() if s.page == "kv_cache")
+MAX_RUNS = 10
+
+
+@st.cache_resource(show_spinner=False)
+def chart_templates() -> dict[str, dict]:
+    """Every chart's spec (the block maps once per grid width), built and validated once
+    per process: a refresh only sends new rows."""
+    specs = {
+        "steps": template(kv_charts.steps_chart(kv_frames.step_frame((), 0))),
+        "waste": template(kv_charts.waste_chart(kv_frames.waste_frame([], BLOCK_SIZES, 16))),
+    }
+    for c in kv_frames.GRID_COLUMNS:
+        specs[f"block_map-{c}"] = template(
+            kv_charts.block_map_chart(kv_frames.block_map_frame([]), c))
+        specs[f"contiguous-{c}"] = template(
+            kv_charts.contiguous_chart(kv_frames.contiguous_frame([], 0), c))
+    return specs
+
+
+def draw(name: str, df: pd.DataFrame) -> None:
+    st.vega_lite_chart(df, copy.deepcopy(chart_templates()[name]), width="stretch")
+
+
+def current_job() -> ScenarioJob | None:
+    return st.session_state.get(KEY_JOB)
+
+
+def is_running() -> bool:
+    job = current_job()
+    return job is not None and not job.done
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+def intro() -> None:
+    chart_templates()
+    st.header("KV cache: blocks, sharing, preemption")
+    st.caption("The datacenter engine keeps every request's keys and values in fixed-size "
+               "blocks of one pool, handed out as tokens arrive and shared between requests "
+               "with the same prefix. The local PC reserves its whole context window per "
+               "request, used or not.")
+
+
+# ---- controls ----------------------------------------------------------------------
+def controls() -> None:
+    """One card per KV scenario, with its prefix caching and block size; Stop below."""
+    ss = st.session_state
+    running = is_running()
+    ss[KEY_SHOWN_RUNNING] = running
+    for col, key in zip(st.columns(len(KV_SCENARIOS)), KV_SCENARIOS, strict=True):
+        with col.container(border=True, key=f"kv-card-{key}"):
+            _scenario_card(key, running)
+    auto = ss.pop(presenter.KEY_KV_START, None)  # presenter mode's scenario button
+    if auto in KV_SCENARIOS and not running:
+        _on_run(auto)
+        st.rerun()
+    stop, hint = st.columns([1, 5], vertical_alignment="center")
+    stop.button("Stop", key="kv_stop", on_click=_on_stop, disabled=not running,
+                width="stretch")
+    hint.caption("Each scenario plays on an engine of its own, on the same weights: the "
+                 "shared engine and its settings are not touched.")
+    error = ss.pop(KEY_ERROR, None)
+    if error:
+        st.error(error)
+
+
+def _scenario_card(key: str, running: bool) -> None:
+    sc = get(key)
+    cfg = sc.engine_config()
+    st.subheader(sc.title)
+    st.caption(sc.shows)
+    st.checkbox("Prefix caching", cfg.enable_prefix_caching, key=f"kv_prefix_{key}",
+                disabled=running)
+    bs = st.select_slider("Block size (tokens)", BLOCK_SIZES, cfg.block_size,
+                          key=f"kv_block_{key}", disabled=running)
+    pool = scenario_config(sc, int(bs))
+    st.caption(f"{sc.num_users} users · pool {pool.num_kv_blocks:,} blocks × {bs} tokens "
+               f"(the same {pool.num_kv_blocks * bs:,} token slots at every block size)")
+    st.button("Run", type="primary", key=f"kv_run_{key}", on_click=_on_run, args=(key,),
+              disabled=running, width="stretch")
+
+
+def _on_run(key: str) -> None:
+    ss = st.session_state
+    old = current_job()
+    if old is not None:
+        old.close()  # a finished one returns at once; its engine is already shut down
+    try:
+        job = ScenarioJob(get(key), shared.shared_engine().session,
+                          block_size=int(ss[f"kv_block_{key}"]),
+                          prefix_caching=bool(ss[f"kv_prefix_{key}"]))
+    except ValueError as exc:
+        ss[KEY_ERROR] = f"Not started: {exc}"
+        return
+    ss[KEY_JOB] = job.start()
+
+
+def _on_stop() -> None:
+    job = current_job()
+    if job is not None:
+        job.stop()
+
+
+# ---- the live view -----------------------------------------------------------------
+def live() -> None:
+    """Figures, block maps, steps and the last scenario, refreshed in place."""
+    st.fragment(_live_view, run_every=REFRESH_S if is_running() else IDLE_REFRESH_S)()
+
+
+def shown_engine(job: ScenarioJob | None) -> tuple[Engine, str]:
+    """A running scenario's engine, else the shared one; with a line saying which."""
+    if job is not None and not job.done:
+        cfg = job.config
+        return job.engine, (
+            f"Showing the engine of the scenario “{job.scenario.title}”: "
+            f"{job.engine.kv.num_blocks:,} blocks × {cfg.block_size} tokens, prefix caching "
+            f"{'on' if cfg.enable_prefix_caching else 'off'} — live.")
+    return shared.shared_engine().engine, (
+        "Showing the shared datacenter engine: every browser session's requests, live.")
+
+
+def _live_view() -> None:
+    job = current_job()
+    engine, which = shown_engine(job)
+    blocks, kv = engine.kv_snapshot()  # the map and its counts from one moment
+    stats = engine.stats()
+    with st.container(key="kv-shown"):
+        st.markdown(f"**{which}**")
+    figures(kv, stats)
+    paged, contiguous = st.columns(2, gap="large")
+    with paged:
+        block_map(blocks, kv)
+    with contiguous:
+        contiguous_layout(blocks, kv)
+    draw("steps", kv_frames.step_frame(stats.recent_steps, stats.num_steps))
+    last_scenario(job)
+    if job is not None and job.done and st.session_state.get(KEY_SHOWN_RUNNING):
+        st.session_state[KEY_SHOWN_RUNNING] = False
+        st.rerun()  # a full rerun re-enables the cards
+
+
+def figures(kv: KVCacheStats, stats: EngineStats) -> None:
+    """Usage, waste, prefix-cache hit rate and preemptions of the engine shown."""
+    cols = st.columns(6)
+    cols[0].metric("Blocks used", f"{kv.used_blocks:,} / {kv.num_blocks:,}",
+                   help="Blocks in some request's block table / blocks in the pool.")
+    cols[1].metric("Cached blocks", f"{kv.cached_blocks:,}",
+                   help="Free blocks that still hold a full block's hash: a later request "
+                        "with the same prefix reads them instead of recomputing.")
+    cols[2].metric("KV usage", _pct(kv.usage))
+    cols[3].metric("Waste", _pct(kv.waste if kv.reserved_slots else None),
+                   help="Token slots reserved by live requests but not (yet) filled: "
+                        "only the tail of each request's last block.")
+    cols[4].metric("Prefix-cache hit rate",
+                   _pct(kv.prefix_hit_rate if kv.prefix_queries else None),
+                   help="Prompt tokens found in cached blocks / prompt tokens looked up.")
+    cols[5].metric("Preemptions", f"{stats.num_preemptions:,}",
+                   help="Requests whose blocks were freed to make room, to be recomputed.")
+
+
+def block_map(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
+    """The paged pool, block by block."""
+    group = kv_frames.blocks_per_cell(kv.num_blocks)
+    cell = "one cell = one block" if group == 1 else f"one cell = {group} blocks"
+    with st.container(key="kv-paged-caption"):
+        st.caption(f"{kv.num_blocks:,} blocks × {kv.block_size} tokens ({cell}): "
+                   f"{kv.used_blocks:,} used · {kv.cached_blocks:,} cached · "
+                   f"{kv.free_blocks:,} free")
+    columns = kv_frames.map_columns(kv.num_blocks)
+    draw(f"block_map-{columns}", kv_frames.block_map_frame(blocks))
+
+
+def contiguous_layout(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
+    """The same requests as the local PC would hold them: `LOCAL_N_CTX` tokens each."""
+    res = kv_frames.contiguous_reservations(blocks, LOCAL_N_CTX, kv.block_size)
+    per = -(-LOCAL_N_CTX // kv.block_size)
+    fit = kv_frames.fitting(res, kv.num_blocks)
+    if not res:
+        text = (f"n_ctx = {LOCAL_N_CTX:,} tokens = {per:,} blocks per request. No request "
+                "holds blocks now.")
+    else:
+        used = sum(r.used_blocks for r in res[:fit])
+        text = (f"n_ctx = {LOCAL_N_CTX:,} tokens = {per:,} blocks per request: {fit} of "
+                f"{len(res)} requests fit this pool")
+        if fit:
+            text += (f"; {fit * per:,} blocks reserved, {used:,} used "
+                     f"({1 - used / (fit * per):.0%} never used)")
+        if per > kv.num_blocks:
+            text += f"; one reservation is bigger than the whole pool ({kv.num_blocks:,})"
+        text += f". Paged, all {len(res)} hold {kv.used_blocks:,} blocks."
+    with st.container(key="kv-contiguous-caption"):
+        st.caption(text)
+    columns = kv_frames.map_columns(kv.num_blocks)
+    draw(f"contiguous-{columns}", kv_frames.contiguous_frame(res, kv.num_blocks))
+
+
+# ---- the last scenario ---------------------------------------------------------------
+def last_scenario(job: ScenarioJob | None) -> None:
+    """Progress or result of this session's last scenario, and waste vs block size."""
+    st.subheader("Last scenario")
+    if job is None:
+        st.info("Press Run on a scenario: its requests, steps and block size trade-off "
+                "show here.")
+        return
+    left, right = st.columns(2, gap="large")
+    with left:
+        if job.done:
+            result_line(job)
+            if job.final_stats is not None:
+                fs = job.final_stats
+                st.caption("Its steps, to the end (its engine is shut down now):")
+                draw("steps", kv_frames.step_frame(fs.recent_steps, fs.num_steps))
+        else:
+            st.info(f"Running “{job.scenario.title}”: {len(job.lengths())} of "
+                    f"{job.scenario.num_users} users submitted so far.")
+    with right:
+        lengths = job.lengths()
+        if lengths:
+            draw("waste", kv_frames.waste_frame(lengths, BLOCK_SIZES, job.config.block_size))
+            st.caption(f"From the token lengths (prompt + output) of the {len(lengths)} "
+                       "requests of this scenario.")
+    if job.done:
+        _record(job)
+        runs_table()
+        answers(job)
+
+
+def result_line(job: ScenarioJob) -> None:
+    """One line: hit rate, median TTFT, preemptions (from the scenario's result)."""
+    res, cfg = job.result, job.config
+    if job.error or res is None:
+        st.error(f"The scenario failed: {job.error}")
+        return
+    ttft = "—" if res.ttft_p50 is None else f"{res.ttft_p50:.2f} s"
+    line = (f"{job.scenario.title} (block size {cfg.block_size}, prefix caching "
+            f"{'on' if cfg.enable_prefix_caching else 'off'}): prefix-cache hit rate "
+            f"{res.hit_rate:.0%} · median TTFT {ttft} · {_count(res.preemptions, 'preemption')} · "
+            f"{len(res.outputs)} requests")
+    with st.container(key="kv-result"):
+        if res.stopped:
+            st.warning(f"Stopped: the rest was cancelled and its blocks freed. {line}")
+        else:
+            st.success(line)
+
+
+def run_row(job: ScenarioJob) -> dict:
+    """One row of the runs table."""
+    res, cfg = job.result, job.config
+    return {
+        "scenario": job.scenario.title,
+        "prefix caching": "on" if cfg.enable_prefix_caching else "off",
+        "block size": cfg.block_size,
+        "blocks": cfg.num_kv_blocks,
+        "hit rate": res.hit_rate if res else None,
+        "TTFT p50 (s)": res.ttft_p50 if res else None,
+        "preemptions": res.preemptions if res else None,
+        "waste": waste_for_block_size(job.lengths(), cfg.block_size),
+        "requests": len(res.outputs) if res else 0,
+        "ended": "error" if job.error else "stopped" if res and res.stopped else "done",
+    }
+
+
+def _record(job: ScenarioJob) -> None:
+    runs: dict = st.session_state.setdefault(KEY_RUNS, {})
+    if job.job_id not in runs:
+        runs[job.job_id] = run_row(job)
+        while len(runs) > MAX_RUNS:
+            runs.pop(next(iter(runs)))
+
+
+def runs_table() -> None:
+    """This session's scenario runs, newest last: compare prefix caching and block sizes."""
+    rows = list(st.session_state.get(KEY_RUNS, {}).values())
+    if not rows:
+        return
+    pct = st.column_config.NumberColumn(format="percent")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
+        "hit rate": pct, "waste": pct,
+        "TTFT p50 (s)": st.column_config.NumberColumn(format="%.3f")})
+
+
+def answers(job: ScenarioJob) -> None:
+    """Every user's answer, as plain text."""
+    if job.result is None or not job.result.outputs:
+        return
+    with st.expander(f"Answers ({len(job.result.outputs)} users)"):
+        st.code("\n".join(f"user {i}: {o.text.strip()}"
+                          for i, o in enumerate(job.result.outputs)),
+                language=None, wrap_lines=True)
+
+
+def how_measured() -> None:
+    with st.expander("How this is measured"):
+        st.write(
+            "The block maps and the figures above them come from one `kv_snapshot()` of "
+            "the engine shown: every block's state, ref count and block tables, and the "
+            "pool's counts, read under the engine's lock. Waste is reserved-but-unused "
+            "token slots / reserved slots. The prefix-cache hit rate is prompt tokens read "
+            "from cached blocks / prompt tokens looked up. The contiguous layout places "
+            f"the same requests as the local PC holds them: {LOCAL_N_CTX:,} tokens "
+            "(its context window) reserved per request, laid end to end in a pool of the "
+            "same size. A scenario's pool keeps its size in token slots when you change "
+            "the block size. Waste vs block size uses "
+            "sum(ceil(L/bs)·bs − L) / sum(ceil(L/bs)·bs) over the requests' token "
+            "lengths L (prompt + output).")
