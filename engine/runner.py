@@ -127,8 +127,7 @@ class ModelRunner:
             fused = pad.numel() <= SDPA_MAX_KEYS
             meta.decode_groups.append(DecodeGroup(
                 start, end - start, self._gather_index(flat),
-                bias.view(1, end - start, 1, -1).to(
-                    device=dev, dtype=self.model.dtype if fused else torch.float32),
+                bias.view(1, end - start, 1, -1).to(device=dev, dtype=self.model.dtype),
                 fused))
         for i in prefill:
             seq, n = entries[i]

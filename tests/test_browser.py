@@ -175,3 +175,46 @@ def test_two_sessions_share_the_engine_and_see_each_other(server, browser):
     for page in pages:
         assert "the datacenter engine generated" in wait_for_summary(page)
         page.context.close()
+
+
+def answers(page) -> list[str]:
+    """Your answer as shown on each side (plain text blocks)."""
+    return [page.locator(f".st-key-side-{side} [data-testid='stCode']").inner_text()
+            for side in ("local", "datacenter")]
+
+
+def screenshot(page, name: str) -> None:
+    page.set_viewport_size({"width": 1600, "height": 2400})
+    page.wait_for_timeout(1500)  # let charts finish drawing
+    page.screenshot(path=str(ROOT / "assets" / f"presenter_{name}.png"))
+    page.set_viewport_size({"width": 1600, "height": 1000})
+
+
+def test_presenter_mode_scenario_replays_and_every_page(server, browser):
+    page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+    page.set_default_timeout(120_000)
+    page.goto(f"{server}/?presenter=1")
+    one_user = page.get_by_role("button", name="One user", exact=True)
+    one_user.wait_for()
+    assert page.get_by_text("Datacenter engine", exact=True).count() == 0  # settings hidden
+    shown = []
+    for _ in range(2):  # a scripted scenario gives the same text every time
+        one_user.click()
+        page.locator(".st-key-summary").wait_for(state="detached")
+        wait_for_summary(page)
+        shown.append(answers(page))
+    assert shown[0] == shown[1] and all(t.strip() for t in shown[0]), shown
+    screenshot(page, "arena")
+    # the shared system prompt scenario opens the KV cache page and plays there
+    page.get_by_role("button", name=re.compile("sharing a 300-token system prompt")).click()
+    page.wait_for_url(re.compile(r"/kv_cache"))
+    page.get_by_text(re.compile(r"hit rate", re.I)).first.wait_for()
+    page.locator(".st-key-kv-result").wait_for(timeout=RACE_TIMEOUT_MS)
+    assert "presenter=1" in page.url
+    screenshot(page, "kv_cache")
+    for stem in ("sweep", "hardware"):
+        page.goto(f"{server}/{stem}?presenter=1")
+        page.locator("[data-testid='stVegaLiteChart']").first.wait_for()
+        assert page.get_by_role("button", name="One user", exact=True).count() == 0
+        screenshot(page, stem)
+    page.context.close()

@@ -88,11 +88,12 @@ def decode_attention(
 ) -> torch.Tensor:
     """Softmax(q k^T * scale + bias) v with q [kvh, S, group, d], k/v [kvh, S, L, d].
 
-    Two batched matmuls and a float32 softmax: on CPU this beats the fused SDPA kernel
-    for one query row per request by ~2.5x.
+    Two batched matmuls and a softmax (computed in float32 inside the kernel, whatever the
+    input dtype): on CPU this beats the fused SDPA kernel for many requests at once.
+    `bias` is in the model dtype (0 or -inf).
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)).float()
-    probs = torch.softmax(scores.mul_(scale).add_(bias), dim=-1).to(v.dtype)
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    probs = torch.softmax(scores.mul_(scale).add_(bias), dim=-1)
     return torch.matmul(probs, v)
 
 

@@ -146,9 +146,12 @@ class LlamaModel:
         return cls(spec, loader.read_state_dict(folder), inv, scaling, device, dtype)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # as transformers: normalise in float32, cast back, then scale (one fused kernel)
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_norm_eps)
-        return weight * normed.to(x.dtype)
+        eps = self.spec.rms_norm_eps
+        if x.dtype == torch.float32:
+            # as transformers: normalise, then scale (bit-identical in float32)
+            return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+        # one fused kernel: normalises in float32, scales, rounds once
+        return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
