@@ -1,0 +1,428 @@
+"""A load sweep: the same requests at 1, 2, 4 ... 64 concurrent users (or at Poisson arrival
+rates), on the datacenter engine and on the local PC, one side at a time::
+
+    load 1:  datacenter |=|  local |=|
+    load 2:                          datacenter |=|  local |==|
+    ...
+    load 64:                                          datacenter |===|  local |=========...|
+             never both at once: on a small CPU they would share its cores
+
+"users" mode: all of a point's users send one request each at its t=0 (a burst).
+"rate" mode: requests arrive as a Poisson process at the point's rate (requests/s) for
+`duration_s` seconds, the first at t=0; the same seeded arrivals on both sides.
+
+A background thread runs the points; `snapshot()` is a copy, safe from any thread; `stop()`
+cancels the requests in flight (their blocks are freed) and ends the sweep with the points
+finished so far. Every figure comes from `engine.metrics` (the page draws the roofline of
+`engine.roofline` beneath). `python -m engine.sweep` runs the default sweep and prints
+every point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.bench import cpu_sample, others_busy
+from engine.config import SamplingParams
+from engine.engine import Engine
+from engine.local import LocalRunner
+from engine.metrics import RequestMetrics, RunSummary, goodput, summarize
+from engine.models.session import Prompt
+from engine.outputs import RequestHandle, RequestOutput
+from engine.race import LABELS, SIDES
+
+MODES = ("users", "rate")
+DEFAULT_USERS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
+DEFAULT_MAX_TOKENS = 16
+DEFAULT_DURATION_S = 10.0
+MAX_USERS = 256
+PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
+CANCEL_GRACE_S = 30.0
+
+
+def varied_prompts(path: Path = PROMPTS_FILE) -> list[Prompt]:
+    """The short, varied prompts of assets/prompts.json ("others"), as chats."""
+    others = json.loads(path.read_text(encoding="utf-8"))["others"]
+    return [[{"role": "user", "content": text}] for text in others]
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What to sweep. `levels`: user counts ("users") or arrival rates in requests/s ("rate"),
+    run in increasing order."""
+
+    mode: str = "users"
+    levels: tuple[float, ...] = DEFAULT_USERS
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    duration_s: float = DEFAULT_DURATION_S  # "rate" mode only
+    seed: int = 0
+    order: tuple[str, ...] = SIDES
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: must be one of {MODES}, got {self.mode!r}")
+        if not self.levels:
+            raise ValueError("levels: pick at least one load to sweep")
+        for v in self.levels:
+            if self.mode == "users" and not (isinstance(v, int) and 1 <= v <= MAX_USERS):
+                raise ValueError(f"users: each must be an integer in [1, {MAX_USERS}], got {v!r}")
+            if self.mode == "rate" and not (isinstance(v, int | float) and 0 < v < math.inf):
+                raise ValueError(f"rate: each must be > 0 requests/s, got {v!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        if not self.duration_s > 0:
+            raise ValueError(f"duration_s: must be > 0 seconds, got {self.duration_s!r}")
+        if sorted(self.order) != sorted(SIDES):
+            raise ValueError(f"order: must name each of {SIDES} once, got {self.order}")
+        object.__setattr__(self, "levels", tuple(sorted(set(self.levels))))
+
+    @property
+    def load_column(self) -> str:
+        """The CSV column that holds a point's load."""
+        return "users" if self.mode == "users" else "rate_rps"
+
+    def arrivals(self, level: float) -> list[float]:
+        """Request arrival offsets (s) at one load: a burst, or seeded Poisson arrivals."""
+        if self.mode == "users":
+            return [0.0] * int(level)
+        rng = random.Random(self.seed * 1_000_003 + round(level * 1000))
+        times, t = [], 0.0
+        while t < self.duration_s:
+            times.append(t)
+            t += rng.expovariate(level)
+        return times
+
+    @property
+    def num_requests(self) -> int:
+        """Requests of the whole sweep, per side."""
+        return sum(len(self.arrivals(level)) for level in self.levels)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One side at one load: the run's summary plus what else the engine did meanwhile."""
+
+    side: str
+    level: float
+    requests: int
+    completed: int  # finished with "stop" or "length"
+    summary: RunSummary
+    mean_batch: float  # sequences per engine step while the point ran (local: 1)
+    cached_prompt_tokens: int  # prompt tokens served from the prefix cache
+    other_requests: int  # most requests of other sessions seen in the engine meanwhile
+    others_cpu: float  # share of all CPU time other processes used meanwhile
+    metrics: tuple[RequestMetrics, ...]
+
+    def goodput(self, ttft_slo: float | None, tpot_slo: float | None) -> float:
+        """Requests per second that met every SLO given (None: no limit)."""
+        return goodput(self.metrics, self.summary.wall_time, ttft_slo, tpot_slo)
+
+    def row(self, load_column: str, ttft_slo: float | None = None,
+            tpot_slo: float | None = None) -> dict[str, Any]:
+        """One CSV row: the point's figures, goodput at the given SLOs."""
+        s = self.summary
+        level = int(self.level) if load_column == "users" else self.level
+        return {
+            "side": self.side, load_column: level, "requests": self.requests,
+            "completed": self.completed, "output_tokens": s.output_tokens,
+            "wall_s": s.wall_time, "throughput_tokens_per_s": s.throughput,
+            "per_user_tokens_per_s_p50": s.per_user_tokens_per_s_p50,
+            "ttft_p50_s": s.ttft_p50, "ttft_p99_s": s.ttft_p99,
+            "tpot_p50_s": s.tpot_p50, "tpot_p99_s": s.tpot_p99,
+            "e2e_p50_s": s.e2e_p50, "e2e_p99_s": s.e2e_p99,
+            "goodput_rps": self.goodput(ttft_slo, tpot_slo),
+            "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo,
+            "mean_batch": self.mean_batch, "cached_prompt_tokens": self.cached_prompt_tokens,
+            "other_requests": self.other_requests, "others_cpu": self.others_cpu,
+        }
+
+
+@dataclass(frozen=True)
+class SweepSnapshot:
+    """A copy of the sweep's state."""
+
+    phase: str  # "waiting", "running", "done", "stopped", "abandoned" or "error"
+    elapsed: float
+    progress: float  # 0..1, by requests finished
+    current: str | None  # the side and load being measured
+    points: tuple[SweepPoint, ...]
+    finished: bool
+    error: str | None
+
+
+class Sweep:
+    """Run `spec` on both sides. User i of a point sends `prompts[i % len(prompts)]`, greedy,
+    EOS ignored, so each request makes exactly `max_tokens` tokens. Prompts are encoded and
+    checked against both sides' limits here: a bad input raises `ValueError` before any run."""
+
+    def __init__(self, engine: Engine, local: LocalRunner, prompts: Sequence[Prompt],
+                 spec: SweepSpec | None = None, *, heartbeat_timeout: float | None = None,
+                 interval: float = 0.1, close_local: bool = False) -> None:
+        if not prompts:
+            raise ValueError("prompts: at least one prompt is needed")
+        self.engine, self.local, self.spec = engine, local, spec or SweepSpec()
+        self.heartbeat_timeout, self.interval, self.close_local = (
+            heartbeat_timeout, interval, close_local)
+        self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
+        self.prompt_ids = [self._encode(p) for p in prompts]
+        self.sweep_id = f"sweep-{uuid.uuid4().hex[:8]}"
+        self.num_threads = torch.get_num_threads()
+        self._total = 2 * self.spec.num_requests
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._points: list[SweepPoint] = []
+        self._handles: list[RequestHandle] = []
+        self._current: str | None = None
+        self._done_requests = 0
+        self._phase, self._error, self._abandoned = "waiting", None, False
+        self._t_start: float | None = None
+        self._t_done: float | None = None
+        self._last_touch = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=self.sweep_id, daemon=True)
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        ids = self.engine.session.encode(prompt)
+        limit = min(self.engine.max_model_len, self.engine.pool_tokens, self.local.n_ctx)
+        if len(ids) + self.spec.max_tokens > limit:
+            raise ValueError(
+                f"max_tokens: {self.spec.max_tokens} plus a {len(ids)}-token prompt exceeds "
+                f"the {limit} tokens both sides allow (allowed: 1 to {max(limit - len(ids), 0)})")
+        return ids
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        return sum(map(len, self.prompt_ids)) / len(self.prompt_ids)
+
+    def describe(self) -> dict[str, str]:
+        """How this sweep is measured, for the "How this was measured" panel."""
+        dc, loc, s = self.engine.stats(), self.local.stats(), self.spec
+        first, second = (LABELS[x] for x in s.order)
+        load = ("users: each sends one request at the point's t=0" if s.mode == "users" else
+                f"Poisson arrivals for {s.duration_s:g} s (seed {s.seed}), first at t=0")
+        return {
+            "order": f"at each load {first} first, then {second}: never both at once",
+            "load": load,
+            "requests": f"{s.num_requests} per side; greedy, max_tokens={s.max_tokens}, EOS "
+                        f"ignored; {len(self.prompt_ids)} prompts in turn, "
+                        f"{self.mean_prompt_tokens:.0f} tokens on average (chat template)",
+            "threads": f"{self.num_threads} torch threads for each side, in turn",
+            "datacenter": f"{dc.model} on {dc.device}, {dc.dtype}; continuous batching, up to "
+                          f"{self.engine.config.max_num_seqs} sequences per step, paged KV, "
+                          "prefix cache as configured in the sidebar",
+            "local PC": f"{loc.model} on {loc.device}, batch 1, FIFO queue, contiguous KV "
+                        f"for n_ctx={loc.n_ctx}",
+            "shared engine": "other sessions' requests share the datacenter engine and the "
+                             "cores: the other_requests and others_cpu columns show them",
+        }
+
+    # ---- public API ------------------------------------------------------------------
+    def start(self) -> Sweep:
+        self._t_start = self._last_touch = time.monotonic()
+        self._thread.start()
+        return self
+
+    def touch(self) -> None:
+        """Heartbeat from the page; a sweep left untouched cancels itself."""
+        self._last_touch = time.monotonic()
+
+    def stop(self) -> None:
+        """Cancel the requests in flight (queued ones too); the finished points stay."""
+        self._stop.set()
+        with self._lock:
+            handles = list(self._handles)
+        for h in handles:
+            h.cancel()
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def finished(self) -> bool:
+        return self._t_done is not None
+
+    def snapshot(self) -> SweepSnapshot:
+        now = time.monotonic()
+        with self._lock:
+            current = sum(h.done for h in self._handles)
+            done = self._done_requests + current
+            return SweepSnapshot(
+                phase=self._phase, elapsed=(self._t_done or now) - (self._t_start or now),
+                progress=1.0 if self._phase == "done" else min(done / self._total, 1.0),
+                current=self._current, points=tuple(self._points),
+                finished=self._t_done is not None, error=self._error)
+
+    # ---- the sweep thread ------------------------------------------------------------
+    def _run(self) -> None:
+        with self._lock:
+            self._phase = "running"
+        try:
+            for i, level in enumerate(self.spec.levels):
+                for side in self.spec.order:
+                    if self._stop.is_set():
+                        break
+                    point = self._run_point(side, i, level)
+                    with self._lock:
+                        if point is not None:
+                            self._points.append(point)
+                        self._done_requests += len(self._handles)
+                        self._handles, self._current = [], None
+        except Exception as exc:  # surface in the snapshot; never kill the page
+            self._error = f"{type(exc).__name__}: {exc}"
+            self.stop()
+        finally:
+            if self.close_local:
+                self.local.shutdown()
+            with self._lock:
+                self._phase = ("error" if self._error else "abandoned" if self._abandoned
+                               else "stopped" if self._stop.is_set() else "done")
+                self._current, self._t_done = None, time.monotonic()
+
+    def _run_point(self, side: str, index: int, level: float) -> SweepPoint | None:
+        """Submit this load's requests as they arrive; wait for them; None if stopped."""
+        runner = self.engine if side == "datacenter" else self.local
+        arrivals = self.spec.arrivals(level)
+        unit = "users" if self.spec.mode == "users" else "requests/s"
+        with self._lock:
+            self._current = f"{LABELS[side]}, {level:g} {unit}"
+        cpu0, t0 = cpu_sample(), time.monotonic()
+        sent, others, deadline = 0, 0, None
+        while True:
+            now = time.monotonic()
+            while sent < len(arrivals) and not self._stop.is_set() and now - t0 >= arrivals[sent]:
+                ids = self.prompt_ids[sent % len(self.prompt_ids)]
+                rid = f"{self.sweep_id}-{side[:2]}{index}-u{sent}"
+                with self._lock:
+                    self._handles.append(runner.submit(ids, self.params, rid))
+                sent += 1
+            for h in self._handles:
+                h.poll()  # drain streamed text; only the final metrics are used
+            if side == "datacenter":
+                others = max(others, self._other_requests())
+            if self._heartbeat_expired():
+                self._abandoned = True
+                self.stop()
+            if self._stop.is_set():
+                for h in self._handles:  # also any submitted while stop() was cancelling
+                    h.cancel()
+                deadline = deadline or now + CANCEL_GRACE_S
+                if now > deadline:
+                    raise RuntimeError(f"{side}: requests did not end after cancel")
+            all_sent = sent == len(arrivals) or self._stop.is_set()
+            if all_sent and all(h.done for h in self._handles):
+                break
+            wait = self.interval
+            if sent < len(arrivals):
+                wait = min(wait, max(t0 + arrivals[sent] - now, 0.0))
+            self._stop.wait(wait)
+        if self._stop.is_set():
+            return None
+        outputs = [h.result() for h in self._handles]
+        self._check(side, outputs)
+        summary = summarize([o.metrics for o in outputs])
+        return SweepPoint(
+            side=side, level=level, requests=len(outputs),
+            completed=sum(o.finish_reason in ("stop", "length") for o in outputs),
+            summary=summary, mean_batch=self._mean_batch(side, t0),
+            cached_prompt_tokens=sum(o.num_cached_tokens for o in outputs),
+            other_requests=others, others_cpu=others_busy(cpu0, cpu_sample()),
+            metrics=tuple(o.metrics for o in outputs))
+
+    def _check(self, side: str, outputs: list[RequestOutput]) -> None:
+        errors = [o.error for o in outputs if o.finish_reason == "error"]
+        if errors:
+            raise RuntimeError(f"{LABELS[side]}: {errors[0]}")
+        if any(o.finish_reason == "cancelled" for o in outputs):
+            raise RuntimeError(f"{LABELS[side]}: requests were cancelled outside this sweep "
+                               "(was the shared engine rebuilt?)")
+
+    def _other_requests(self) -> int:
+        stats = self.engine.stats()
+        return sum(not rid.startswith(self.sweep_id)
+                   for rid in stats.running_ids + stats.waiting_ids)
+
+    def _mean_batch(self, side: str, t0: float) -> float:
+        if side == "local":
+            return 1.0
+        steps = [s.num_seqs for s in self.engine.stats().recent_steps if s.start >= t0]
+        return sum(steps) / len(steps) if steps else math.nan
+
+    def _heartbeat_expired(self) -> bool:
+        limit = self.heartbeat_timeout
+        return limit is not None and time.monotonic() - self._last_touch > limit
+
+
+def rows(points: Sequence[SweepPoint], spec: SweepSpec, ttft_slo: float | None = None,
+         tpot_slo: float | None = None) -> list[dict[str, Any]]:
+    """Every point as a CSV row, in the order measured."""
+    return [p.row(spec.load_column, ttft_slo, tpot_slo) for p in points]
+
+
+# ---- command line --------------------------------------------------------------------
+def format_table(points: Sequence[SweepPoint], spec: SweepSpec) -> str:
+    """One fixed-width line per point; latencies in ms."""
+    load = "users" if spec.mode == "users" else "req/s"
+    head = (f"{'side':<11}{load:>6}{'reqs':>6}{'tokens':>7}{'wall s':>8}{'tok/s':>8}"
+            f"{'tok/s/user':>11}{'TTFT p50':>9}{'TTFT p99':>9}{'E2E p50':>9}{'E2E p99':>9}"
+            f"{'batch':>6}{'others':>7}")
+    lines = [head, "-" * len(head)]
+    for p in points:
+        s = p.summary
+        lines.append(
+            f"{p.side:<11}{p.level:>6g}{p.requests:>6}{s.output_tokens:>7}{s.wall_time:>8.1f}"
+            f"{s.throughput:>8.1f}{s.per_user_tokens_per_s_p50:>11.2f}{s.ttft_p50 * 1e3:>9.0f}"
+            f"{s.ttft_p99 * 1e3:>9.0f}{s.e2e_p50 * 1e3:>9.0f}{s.e2e_p99 * 1e3:>9.0f}"
+            f"{p.mean_batch:>6.1f}{p.others_cpu:>7.0%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a sweep on a fresh engine and local runner; print every point and the time."""
+    ap = argparse.ArgumentParser(prog="python -m engine.sweep",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--users", default=",".join(map(str, DEFAULT_USERS)),
+                    help="comma-separated user counts")
+    ap.add_argument("--rate", help="comma-separated arrival rates (requests/s): rate mode")
+    ap.add_argument("--duration", type=float, default=DEFAULT_DURATION_S,
+                    help="seconds of arrivals per rate")
+    ap.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    ap.add_argument("--prompt", help="one prompt for every user (default: varied prompts)")
+    a = ap.parse_args(argv)
+    try:
+        spec = (SweepSpec("rate", tuple(float(x) for x in a.rate.split(",")), a.max_tokens,
+                          a.duration) if a.rate else
+                SweepSpec("users", tuple(int(x) for x in a.users.split(",")), a.max_tokens))
+    except ValueError as exc:
+        ap.error(str(exc))
+    prompts = [[{"role": "user", "content": a.prompt}]] if a.prompt else varied_prompts()
+    with Engine() as engine, LocalRunner(engine.session, n_ctx=2048) as local:
+        dc = engine.stats()
+        print(f"model {dc.model} on {dc.device}, {dc.dtype} ({dc.dtype_reason}), "
+              f"{torch.get_num_threads()} threads")
+        sweep = Sweep(engine, local, prompts, spec)
+        print(f"{spec.num_requests} requests per side, max_tokens {spec.max_tokens}, "
+              f"{sweep.mean_prompt_tokens:.0f} prompt tokens on average, EOS ignored", flush=True)
+        sweep.start().join()
+        snap = sweep.snapshot()
+    print(format_table(snap.points, spec))
+    print("(latencies in ms; batch: mean sequences per step; others: CPU share other "
+          "processes used)")
+    print(f"sweep {snap.phase} in {snap.elapsed:.1f} s" + (f": {snap.error}" if snap.error else ""))
+    return 0 if snap.phase == "done" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

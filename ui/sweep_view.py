@@ -1,0 +1,391 @@
+"""The sweep page's parts: controls, the live progress and charts, goodput under SLOs, the
+connected-vs-active calculator, and the table with its CSV.
+
+    controls()  -> Run: Sweep(shared engine, LocalRunner on the same weights).start()
+    live()      -> a fragment that reruns while the sweep runs; reads sweep.snapshot() only
+
+The sweep runs on its own thread (`engine.sweep.Sweep`); every figure shown comes from its
+points (engine.metrics) or from engine.hardware (the roofline of this machine, measured by
+engine.calibrate). Chart specs are built once per new point, not on every refresh, so the
+page takes little CPU from the measurement.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Callable
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from engine.hardware import aggregate_tokens_per_s
+from engine.local import LocalRunner
+from engine.roofline import Roofline, model_profile_key, roofline, user_grid
+from engine.sweep import (
+    DEFAULT_DURATION_S,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_RATES,
+    DEFAULT_USERS,
+    Sweep,
+    SweepSnapshot,
+    SweepSpec,
+    rows,
+)
+from ui import shared
+from ui import sweep_charts as charts
+from ui.hardware_view import fmt_number, fmt_seconds, this_machine
+from ui.presets import chat, load_presets
+
+KEY_SWEEP = "sweep_run"
+KEY_ERROR = "sweep_error"
+KEY_SHOWN_RUNNING = "sweep_shown_running"
+KEY_CHARTS = "sweep_chart_specs"
+REFRESH_S = float(os.environ.get("BATCHLENS_REFRESH_S", "1.0"))  # live view, seconds
+HEARTBEAT_S = 10.0
+LOCAL_N_CTX = 2048
+USER_OPTIONS = [1, 2, 4, 8, 16, 32, 64, 128]
+RATE_OPTIONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
+MODES = {"users": "Concurrent users (all send at once)",
+         "rate": "Poisson arrivals (requests/s)"}
+PROMPTS = ("Varied short prompts", "One prompt for everyone")
+UNITS = {"users": "users", "rate_rps": "requests/s"}
+
+
+def current_sweep() -> Sweep | None:
+    return st.session_state.get(KEY_SWEEP)
+
+
+def is_running() -> bool:
+    sweep = current_sweep()
+    return sweep is not None and not sweep.finished
+
+
+def intro() -> None:
+    st.header("Sweep: add users, watch total speed")
+    st.caption("The same short requests at more and more users. Batching turns extra users "
+               "into extra total tokens/s; serving one user at a time cannot.")
+
+
+# ---- controls ------------------------------------------------------------------------
+def controls() -> None:
+    """Load, max tokens, prompts, Run and Stop; disabled while a sweep runs."""
+    ss, running = st.session_state, is_running()
+    ss[KEY_SHOWN_RUNNING] = running
+    ss.setdefault("sweep_prompt", next(iter(load_presets().presets.values())))
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        mode = st.radio("Load", list(MODES), format_func=MODES.get, key="sweep_mode",
+                        horizontal=True, disabled=running)
+        if mode == "users":
+            st.multiselect("Concurrent users", USER_OPTIONS, default=list(DEFAULT_USERS),
+                           key="sweep_users", disabled=running)
+        else:
+            a, b = st.columns([3, 2])
+            a.multiselect("Arrival rates (requests/s)", RATE_OPTIONS,
+                          default=list(DEFAULT_RATES), key="sweep_rates", disabled=running)
+            b.slider("Arrivals for (s)", 2, 60, int(DEFAULT_DURATION_S), key="sweep_duration",
+                     disabled=running)
+    with right:
+        st.number_input("Max tokens per request", 1, 256, DEFAULT_MAX_TOKENS,
+                        key="sweep_max_tokens", disabled=running,
+                        help="Every request makes exactly this many tokens (EOS ignored).")
+        one = st.radio("Prompts", PROMPTS, key="sweep_prompts", horizontal=True,
+                       disabled=running) == PROMPTS[1]
+        if one:
+            st.text_area("Prompt", key="sweep_prompt", height=90, disabled=running)
+    spec, error = _spec()
+    run, stop, hint = st.columns([1, 1, 5], vertical_alignment="center")
+    run.button("Run sweep", type="primary", key="sweep_run_button", on_click=_on_run,
+               disabled=running or spec is None, width="stretch")
+    stop.button("Stop", key="sweep_stop", on_click=_on_stop, disabled=not running,
+                width="stretch")
+    if spec is not None:
+        hint.caption(f"{spec.num_requests} requests per side, {spec.max_tokens} tokens each; "
+                     "at each load the datacenter runs first, then the local PC: never both "
+                     "at once.")
+    else:
+        hint.caption(error)
+    if err := ss.pop(KEY_ERROR, None):
+        st.error(err)
+
+
+def _spec() -> tuple[SweepSpec | None, str]:
+    """The sweep the controls describe, or None and why not."""
+    ss = st.session_state
+    try:
+        if ss.get("sweep_mode", "users") == "users":
+            levels = tuple(int(u) for u in ss.get("sweep_users", DEFAULT_USERS))
+            spec = SweepSpec("users", levels, int(ss.get("sweep_max_tokens",
+                                                           DEFAULT_MAX_TOKENS)))
+        else:
+            levels = tuple(float(r) for r in ss.get("sweep_rates", DEFAULT_RATES))
+            spec = SweepSpec("rate", levels, int(ss.get("sweep_max_tokens", DEFAULT_MAX_TOKENS)),
+                             float(ss.get("sweep_duration", DEFAULT_DURATION_S)))
+    except ValueError as exc:
+        return None, f"Not ready: {exc}"
+    if ss.get("sweep_prompts") == PROMPTS[1] and not ss.get("sweep_prompt", "").strip():
+        return None, "Type a prompt (or choose varied prompts) to enable Run."
+    return spec, ""
+
+
+def _on_run() -> None:
+    ss = st.session_state
+    spec, _ = _spec()
+    if spec is None:
+        return
+    one = ss.get("sweep_prompts") == PROMPTS[1]
+    prompts = [chat(ss["sweep_prompt"])] if one else [chat(t) for t in load_presets().others]
+    engine = shared.shared_engine().engine
+    if model_profile_key(engine.session.model.spec) is not None:
+        this_machine(engine.session.model.device.type)  # measured now, not during the sweep
+    local = None
+    try:
+        local = LocalRunner(engine.session, n_ctx=LOCAL_N_CTX)
+        sweep = Sweep(engine, local, prompts, spec, heartbeat_timeout=HEARTBEAT_S,
+                      close_local=True)
+    except ValueError as exc:
+        if local is not None:
+            local.shutdown()
+        ss[KEY_ERROR] = f"Not started: {exc}"
+        return
+    ss.pop(KEY_CHARTS, None)
+    ss[KEY_SWEEP] = sweep.start()
+
+
+def _on_stop() -> None:
+    sweep = current_sweep()
+    if sweep is not None:
+        sweep.stop()
+
+
+# ---- the live view -------------------------------------------------------------------
+def live() -> None:
+    """Progress, charts, goodput, the calculator and the table; refreshed while running."""
+    st.fragment(_live_view, run_every=REFRESH_S if is_running() else None)()
+
+
+def _live_view() -> None:
+    sweep = current_sweep()
+    snap = None
+    if sweep is None:
+        st.info("Pick the loads and press Run sweep. The charts fill in point by point.")
+    else:
+        sweep.touch()
+        snap = sweep.snapshot()
+        progress(snap, sweep)
+    x = sweep.spec.load_column if sweep else "users"
+    points = charts.points_frame(rows(snap.points, sweep.spec) if snap else [])
+    headline(points, x)
+    main_charts(sweep, snap, points, x)
+    slo = goodput_section(sweep, snap, x)
+    calculator(points, x)
+    table(sweep, snap, slo)
+    if snap is not None and snap.finished and st.session_state.get(KEY_SHOWN_RUNNING):
+        st.session_state[KEY_SHOWN_RUNNING] = False
+        st.rerun()  # a full rerun re-enables the inputs
+
+
+def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
+    """The progress bar and, at the end, how the sweep ended."""
+    total = 2 * len(sweep.spec.levels)
+    if not snap.finished:
+        text = (f"Point {len(snap.points) + 1} of {total}: {snap.current or 'starting'} · "
+                f"{fmt_seconds(snap.elapsed)}")
+        st.progress(snap.progress, text=text)
+        return
+    st.progress(snap.progress, text=f"{len(snap.points)} of {total} points in "
+                                    f"{fmt_seconds(snap.elapsed)}")
+    if snap.error:
+        st.error(f"The sweep ended with an error: {snap.error}")
+    elif snap.phase == "abandoned":
+        st.warning("Abandoned: the page stopped refreshing, so the sweep cancelled its "
+                   "requests. The points measured so far are below.")
+    elif snap.phase == "stopped":
+        st.warning(f"Stopped after {len(snap.points)} of {total} points: the requests in "
+                   "flight were cancelled and their KV blocks freed.")
+    else:
+        with st.container(key="sweep-summary"):
+            st.success(summary_sentence(charts.points_frame(rows(snap.points, sweep.spec)),
+                                        sweep.spec.load_column))
+
+
+def _side(points: pd.DataFrame, name: str) -> pd.DataFrame:
+    return points[points["side"] == name] if not points.empty else points
+
+
+def summary_sentence(points: pd.DataFrame, x: str) -> str:
+    """One sentence from the measured points: how each side's total moved with load."""
+    dc, loc = _side(points, "Datacenter"), _side(points, "Local PC")
+    if dc.empty or loc.empty:
+        return "Done."
+    y, unit = "throughput_tokens_per_s", UNITS[x]
+    first, last = dc.iloc[0], dc.iloc[-1]
+    verb = "rose" if last[y] > first[y] else "went"
+    return (f"From {first[x]:g} to {last[x]:g} {unit}, the datacenter's total {verb} from "
+            f"{fmt_number(first[y])} to {fmt_number(last[y])} tokens/s "
+            f"({last[y] / first[y]:.1f}x); the local PC, serving one user at a time, stayed "
+            f"between {fmt_number(loc[y].min())} and {fmt_number(loc[y].max())} tokens/s.")
+
+
+def headline(points: pd.DataFrame, x: str) -> None:
+    """Best datacenter total, the local range, and the ratio at the largest shared load."""
+    a, b, c = st.columns(3)
+    dc, loc = _side(points, "Datacenter"), _side(points, "Local PC")
+    y, unit = "throughput_tokens_per_s", UNITS[x]
+    if dc.empty:
+        a.metric("Datacenter, best total tokens/s", "—")
+    else:
+        best = dc.loc[dc[y].idxmax()]
+        a.metric(f"Datacenter, best total tokens/s (at {best[x]:g} {unit})",
+                 fmt_number(best[y]))
+    b.metric("Local PC, total tokens/s",
+             "—" if loc.empty else f"{fmt_number(loc[y].min())}–{fmt_number(loc[y].max())}")
+    both = pd.merge(dc[[x, y]], loc[[x, y]], on=x, suffixes=("_dc", "_loc")) if not (
+        dc.empty or loc.empty) else pd.DataFrame()
+    if both.empty:
+        c.metric("Datacenter ÷ local PC", "—")
+    else:
+        top = both.iloc[-1]
+        c.metric(f"Datacenter ÷ local PC at {top[x]:g} {unit}",
+                 f"{top[y + '_dc'] / top[y + '_loc']:.1f}x")
+
+
+def _spec_cached(key: tuple, build: Callable[[], alt.TopLevelMixin]) -> dict:
+    """A chart's Vega-Lite spec, built once per key (per new point), copied for each use."""
+    cache = st.session_state.setdefault(KEY_CHARTS, {})
+    if key not in cache:
+        if len(cache) > 40:
+            cache.clear()
+        cache[key] = build().to_dict()
+    return copy.deepcopy(cache[key])
+
+
+def _roofline(sweep: Sweep | None) -> Roofline | None:
+    """This machine's roofline over the sweep's user counts (users mode, known model)."""
+    if sweep is None or sweep.spec.mode != "users":
+        return None
+    model = sweep.engine.session.model
+    key = model_profile_key(model.spec)
+    if key is None:
+        return None
+    profile_and_cal = this_machine(model.device.type)
+    context = round(sweep.mean_prompt_tokens + sweep.spec.max_tokens / 2)
+    return roofline(profile_and_cal[1], key, model.dtype, user_grid(sweep.spec.levels), context)
+
+
+def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.DataFrame,
+                x: str) -> None:
+    """Total and per-user tokens/s (roofline beneath), TTFT and end-to-end p50/p99."""
+    roof = _roofline(sweep)
+    roof_df = charts.roofline_frame(roof.rows) if roof else None
+    key = (sweep.sweep_id if sweep else None, len(snap.points) if snap else 0)
+    builders = [
+        lambda: charts.throughput_chart(points, roof_df, x),
+        lambda: charts.per_user_chart(points, roof_df, x),
+        lambda: charts.latency_chart(charts.latency_frame(points, x, "ttft"), x,
+                                     "Time to first token (TTFT)"),
+        lambda: charts.latency_chart(charts.latency_frame(points, x, "e2e"), x,
+                                     "End-to-end latency"),
+    ]
+    cells = [cell for _ in range(2) for cell in st.columns(2, gap="large")]
+    for i, (cell, build) in enumerate(zip(cells, builders, strict=True)):
+        cell.vega_lite_chart(spec=_spec_cached((*key, i), build), width="stretch")
+    if roof is not None:
+        st.caption(f"Dashed grey: the roofline ceiling of this machine from engine/hardware.py "
+                   f"(decode only, SmolLM2-135M profile): {roof.note} Per user, the measured "
+                   "figure includes time spent queueing; the roofline does not.")
+    elif sweep is not None and sweep.spec.mode == "rate":
+        st.caption("No roofline in rate mode: the batch is whatever the arrivals make it "
+                   "(the mean_batch column of the table), not a setting.")
+    elif sweep is not None:
+        st.caption("No roofline: engine/hardware.py has no profile for this model's shape.")
+
+
+def goodput_section(sweep: Sweep | None, snap: SweepSnapshot | None,
+                    x: str) -> tuple[float, float]:
+    """SLO sliders and goodput per point and side; returns (TTFT SLO s, TPOT SLO s)."""
+    st.subheader("Goodput: requests/s that meet your SLOs")
+    left, right = st.columns([1, 2], gap="large")
+    with left:
+        ttft = st.slider("TTFT SLO (s)", 0.1, 30.0, 2.0, 0.1, key="sweep_ttft_slo")
+        tpot_ms = st.slider("TPOT SLO (ms per token)", 10, 2000, 250, 10, key="sweep_tpot_slo")
+        st.caption("A request counts when its TTFT and its TPOT are both within the SLOs; "
+                   "goodput = such requests / the point's wall time (engine/metrics.py).")
+    slo = (float(ttft), tpot_ms / 1e3)
+    points = charts.points_frame(rows(snap.points, sweep.spec, *slo) if snap else [])
+    key = (sweep.sweep_id if sweep else None, len(snap.points) if snap else 0, slo)
+    right.vega_lite_chart(spec=_spec_cached(("goodput", *key),
+                                            lambda: charts.goodput_chart(points, x)),
+                          width="stretch")
+    return slo
+
+
+def calculator(points: pd.DataFrame, x: str) -> None:
+    """Connected users × active share × tokens/s each, against the measured capacity."""
+    st.subheader("Connected users are not active users")
+    a, b, c = st.columns(3)
+    connected = int(a.number_input("Connected users", 1, 100_000_000, 1000, 100,
+                                   key="sweep_connected"))
+    share = b.slider("Active at any moment (%)", 1, 100, 10, key="sweep_active_pct")
+    each = float(c.number_input("Tokens/s each active user needs", 0.5, 1000.0, 10.0, 0.5,
+                                key="sweep_each"))
+    active = max(1, math.ceil(connected * share / 100))
+    needed = aggregate_tokens_per_s(active, each)
+    dc, loc = _side(points, "Datacenter"), _side(points, "Local PC")
+    y = "throughput_tokens_per_s"
+    if dc.empty:
+        st.info(f"{connected:,} connected users, {share}% active: {active:,} requests in "
+                f"flight needing {fmt_number(needed)} tokens/s. Run the sweep to measure "
+                "what this machine can serve.")
+        return
+    best = dc.loc[dc[y].idxmax()]
+    capacity = float(best[y])
+    d, e, f, g = st.columns(4)
+    d.metric("Active users", f"{active:,}")
+    e.metric("Needed tokens/s", fmt_number(needed))
+    f.metric("Measured capacity (tokens/s)", fmt_number(capacity),
+             help=f"The best datacenter total of the sweep, at {best[x]:g} {UNITS[x]}")
+    g.metric("Machines like this one", f"{math.ceil(needed / capacity):,}")
+    text = (f"{connected:,} connected users with {share}% active are {active:,} requests in "
+            f"flight: {active:,} × {fmt_number(each)} = {fmt_number(needed)} tokens/s. Only "
+            f"active users draw on the machine, so the sizing is active users × tokens/s each, "
+            f"not 1/{connected:,} of the machine per connected user: this machine's measured "
+            f"{fmt_number(capacity)} tokens/s covers {capacity / needed:.0%} of it.")
+    if not loc.empty:
+        local_best = float(loc[y].max())
+        text += (f" One user at a time, as the local PC serves ({fmt_number(local_best)} "
+                 f"tokens/s), it would take {math.ceil(needed / local_best):,} machines.")
+    st.write(text)
+    if x == "users" and active > dc[x].max():
+        st.caption(f"Measured up to {dc[x].max():g} users at once; {active:,} active users is "
+                   "beyond what this sweep measured, so the capacity is a measured figure, not "
+                   "a projection for that batch.")
+
+
+def table(sweep: Sweep | None, snap: SweepSnapshot | None, slo: tuple[float, float]) -> None:
+    """Every point, goodput at the current SLOs, and its CSV."""
+    if sweep is None or snap is None or not snap.points:
+        return
+    df = pd.DataFrame.from_records(rows(snap.points, sweep.spec, *slo))
+    st.subheader("Every point")
+    st.dataframe(df, hide_index=True, width="stretch")
+    st.download_button("Download every point (CSV)", df.to_csv(index=False),
+                       file_name="batchlens-sweep.csv", mime="text/csv", key="sweep_csv")
+
+
+def how_measured() -> None:
+    """The method, and this sweep's exact set-up once there is one."""
+    sweep = current_sweep()
+    with st.expander("How this was measured"):
+        st.write("At each load the datacenter engine runs the requests first, then the local "
+                 "PC runs the same requests, each with every CPU thread, never both at once. "
+                 "TTFT, TPOT, end-to-end latency, tokens/s and goodput come from the same "
+                 "code for both sides (engine/metrics.py), from monotonic timestamps. Total "
+                 "tokens/s = output tokens / (first arrival → last token); tokens/s each user "
+                 "gets = a request's tokens / its end-to-end latency, queueing included.")
+        if sweep is not None:
+            how = pd.DataFrame(list(sweep.describe().items()), columns=["what", "how"])
+            st.dataframe(how, hide_index=True, width="stretch")
