@@ -21,6 +21,8 @@ import torch
 from engine import Engine, EngineConfig, ModelSession
 
 RACE_KEY = "arena_race"  # st.session_state key of this browser session's race
+SWEEP_KEY = "sweep_run"  # ... and of its load sweep
+HEARTBEAT_KEYS = (RACE_KEY, SWEEP_KEY)  # jobs that cancel themselves once the tab is gone
 # The page's threads (script runs, the websocket loop) share the GIL with the engine's
 # compute thread, which gives it up around every tensor op; a short switch interval hands
 # it back sooner (Python's default, 5 ms, is longer than most decode ops here).

@@ -24,11 +24,14 @@ def status_line(stats: EngineStats, mine_prefix: str | None) -> str:
 @st.fragment(run_every=STATUS_REFRESH_S)
 def status_strip() -> None:
     """Refreshes itself every second, without rerunning the page. It is also the
-    heartbeat of this session's race: a closed tab stops it, so the race cancels itself."""
+    heartbeat of this session's race and sweep: a closed tab stops it, so they cancel
+    themselves; switching pages does not."""
+    for key in shared.HEARTBEAT_KEYS:  # the tab is open (on any page): keep its jobs alive
+        job = st.session_state.get(key)
+        if job is not None:
+            job.touch()
     race = st.session_state.get(shared.RACE_KEY)
     prefix = race.race_id if race is not None else None
-    if race is not None:
-        race.touch()  # the tab is open (on any page): keep this session's race alive
     stats = shared.shared_engine().engine.stats()
     with st.container(key="status-strip"):
         st.caption(status_line(stats, prefix))

@@ -39,7 +39,7 @@ from ui import sweep_charts as charts
 from ui.hardware_view import fmt_number, fmt_seconds, this_machine
 from ui.presets import chat, load_presets
 
-KEY_SWEEP = "sweep_run"
+KEY_SWEEP = shared.SWEEP_KEY
 KEY_ERROR = "sweep_error"
 KEY_SHOWN_RUNNING = "sweep_shown_running"
 KEY_CHARTS = "sweep_chart_specs"
