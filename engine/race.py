@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.engine import Engine, StepStats
+from engine.job import BackgroundJob
 from engine.local import LocalRunner
 from engine.metrics import RunSummary, summarize
 from engine.models.session import Prompt
@@ -123,7 +123,7 @@ def _thin(points: list[dict[str, Any]], limit: int = MAX_SERIES_POINTS) -> list[
     return points[::step] + ([points[-1]] if (len(points) - 1) % step else [])
 
 
-class Race:
+class Race(BackgroundJob):
     """Run `prompts` (one per user, in arrival order) on both sides, one side at a time.
 
     `you` is the index of the presenter's own request. Prompts are encoded and checked
@@ -143,24 +143,19 @@ class Race:
         if sorted(order) != sorted(SIDES):
             raise ValueError(f"order: must name each of {SIDES} once, got {order}")
         self.engine, self.local, self.params, self.you = engine, local, params, you
-        self.order, self.heartbeat_timeout, self.interval = tuple(order), heartbeat_timeout, interval
+        self.order, self.interval = tuple(order), interval
         self.close_local = close_local
         self.prompt_ids = self._encode(prompts)
         self.race_id = f"race-{uuid.uuid4().hex[:8]}"
         self.num_threads = torch.get_num_threads()
         self._sides = {"datacenter": _Side("datacenter", engine), "local": _Side("local", local)}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._tokens: list[dict[str, Any]] = []
         self._kv: list[dict[str, Any]] = []
         self._batch: list[dict[str, Any]] = []
         self._phase = "waiting"
         self._error: str | None = None
         self._abandoned = False
-        self._t_start: float | None = None
-        self._t_done: float | None = None
-        self._last_touch = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=self.race_id, daemon=True)
+        super().__init__(self.race_id, heartbeat_timeout)
 
     # ---- set-up ----------------------------------------------------------------------
     def _encode(self, prompts: list[Prompt]) -> list[list[int]]:
@@ -204,31 +199,8 @@ class Race:
         }
 
     # ---- public API --------------------------------------------------------------------
-    def start(self) -> Race:
-        self._t_start = time.monotonic()
-        self._last_touch = self._t_start
-        self._thread.start()
-        return self
-
-    def touch(self) -> None:
-        """Heartbeat from the page; a race left untouched cancels itself."""
-        self._last_touch = time.monotonic()
-
-    def stop(self) -> None:
-        """Cancel every request of the race (queued ones too); their blocks are freed."""
-        self._stop.set()
-        with self._lock:
-            handles = [h for s in self._sides.values() for h in s.handles]
-        for h in handles:
-            h.cancel()
-
-    def join(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    @property
-    def finished(self) -> bool:
-        return self._t_done is not None
+    def _live_handles(self) -> list[RequestHandle]:
+        return [h for s in self._sides.values() for h in s.handles]
 
     def outputs(self, side: str) -> list[RequestOutput]:
         """Final outputs of one side, in arrival order (empty until that side is done)."""
@@ -312,10 +284,6 @@ class Race:
         if cancelled and not self._stop.is_set():
             raise RuntimeError(f"{LABELS[name]}: {cancelled} requests were cancelled outside "
                                "this race (was the shared engine rebuilt?)")
-
-    def _heartbeat_expired(self) -> bool:
-        limit = self.heartbeat_timeout
-        return limit is not None and time.monotonic() - self._last_touch > limit
 
     def _sample(self, side: _Side) -> None:
         """Drain streamed text and record one point of every series."""

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import random
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ import torch
 from engine.bench import cpu_sample, others_busy
 from engine.config import SamplingParams
 from engine.engine import Engine
+from engine.job import BackgroundJob
 from engine.local import LocalRunner
 from engine.metrics import RequestMetrics, RunSummary, goodput, summarize
 from engine.models.session import Prompt
@@ -163,7 +163,7 @@ class SweepSnapshot:
     error: str | None
 
 
-class Sweep:
+class Sweep(BackgroundJob):
     """Run `spec` on both sides. User i of a point sends `prompts[i % len(prompts)]`, greedy,
     EOS ignored, so each request makes exactly `max_tokens` tokens. Prompts are encoded and
     checked against both sides' limits here: a bad input raises `ValueError` before any run."""
@@ -174,24 +174,18 @@ class Sweep:
         if not prompts:
             raise ValueError("prompts: at least one prompt is needed")
         self.engine, self.local, self.spec = engine, local, spec or SweepSpec()
-        self.heartbeat_timeout, self.interval, self.close_local = (
-            heartbeat_timeout, interval, close_local)
+        self.interval, self.close_local = interval, close_local
         self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
         self.prompt_ids = [self._encode(p) for p in prompts]
         self.sweep_id = f"sweep-{uuid.uuid4().hex[:8]}"
         self.num_threads = torch.get_num_threads()
         self._total = 2 * self.spec.num_requests
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._points: list[SweepPoint] = []
         self._handles: list[RequestHandle] = []
         self._current: str | None = None
         self._done_requests = 0
         self._phase, self._error, self._abandoned = "waiting", None, False
-        self._t_start: float | None = None
-        self._t_done: float | None = None
-        self._last_touch = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=self.sweep_id, daemon=True)
+        super().__init__(self.sweep_id, heartbeat_timeout)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         ids = self.engine.session.encode(prompt)
@@ -229,30 +223,8 @@ class Sweep:
         }
 
     # ---- public API ------------------------------------------------------------------
-    def start(self) -> Sweep:
-        self._t_start = self._last_touch = time.monotonic()
-        self._thread.start()
-        return self
-
-    def touch(self) -> None:
-        """Heartbeat from the page; a sweep left untouched cancels itself."""
-        self._last_touch = time.monotonic()
-
-    def stop(self) -> None:
-        """Cancel the requests in flight (queued ones too); the finished points stay."""
-        self._stop.set()
-        with self._lock:
-            handles = list(self._handles)
-        for h in handles:
-            h.cancel()
-
-    def join(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    @property
-    def finished(self) -> bool:
-        return self._t_done is not None
+    def _live_handles(self) -> list[RequestHandle]:
+        return list(self._handles)  # the requests in flight; the finished points stay
 
     def snapshot(self) -> SweepSnapshot:
         now = time.monotonic()
@@ -360,9 +332,6 @@ class Sweep:
         steps = [s.num_seqs for s in self.engine.stats().recent_steps if s.start >= t0]
         return sum(steps) / len(steps) if steps else math.nan
 
-    def _heartbeat_expired(self) -> bool:
-        limit = self.heartbeat_timeout
-        return limit is not None and time.monotonic() - self._last_touch > limit
 
 
 def rows(points: Sequence[SweepPoint], spec: SweepSpec, ttft_slo: float | None = None,
