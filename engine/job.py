@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Self
+from typing import TYPE_CHECKING
 
 from engine.outputs import RequestHandle
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the package allows 3.10
+    from typing import Self
 
 
 class BackgroundJob:
