@@ -28,6 +28,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.local import LocalRunner
 from engine.metrics import RequestMetrics, RunSummary, summarize
+from engine.models import native
 from engine.models.session import ModelSession, freeze_heap
 
 TEXT = (
@@ -350,6 +351,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, help="torch.set_num_threads")
+    ap.add_argument("--concurrency", help="comma-separated engine concurrencies (default 1,8,32,64;"
+                    " quick 1,8,16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--report", metavar="PATH", nargs="+",
@@ -362,7 +365,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.n < 1 or (a.threads is not None and a.threads < 1):
         ap.error("--requests and --threads must be >= 1")
     a.prompt_len, a.max_tok = ((10, 100), (8, 48)) if a.quick else ((10, 300), (16, 256))
-    a.conc = sorted({min(c, a.n) for c in ((1, 8, 16) if a.quick else (1, 8, 32, 64))})
+    default = (1, 8, 16) if a.quick else (1, 8, 32, 64)
+    try:
+        conc = [int(c) for c in a.concurrency.split(",")] if a.concurrency else default
+    except ValueError:
+        ap.error(f"--concurrency: expected numbers like 1,8,64, got {a.concurrency!r}")
+    if min(conc) < 1:
+        ap.error("--concurrency values must be >= 1")
+    a.conc = sorted({min(c, a.n) for c in conc})
     return a
 
 
@@ -385,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = BenchContext(session, reqs, a.conc)
     dtype = str(session.model.dtype).removeprefix("torch.")
     print(f"model {session.name} on {session.model.device}, dtype {dtype} "
-          f"({session.dtype_reason}), {torch.get_num_threads()} threads")
+          f"({session.dtype_reason}), {torch.get_num_threads()} threads; {native.status()}")
     print(f"{a.n} requests (seed {a.seed}): prompt {a.prompt_len[0]}-{a.prompt_len[1]} tokens, "
           f"max_tokens {a.max_tok[0]}-{a.max_tok[1]}, greedy, EOS ignored; "
           f"{sum(r.max_tokens for r in reqs)} output tokens per run")

@@ -16,7 +16,14 @@ from __future__ import annotations
 import torch
 
 from engine import compute
-from engine.models.attention import AttentionMetadata, DecodeGroup, PrefillChunk, gather_index
+from engine.models import native
+from engine.models.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    KernelDecode,
+    PrefillChunk,
+    gather_index,
+)
 from engine.models.llama import LlamaModel, ModelSpec
 from engine.sampler import sample
 from engine.sequence import Sequence
@@ -62,6 +69,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         spec = model.spec
         self.num_kv_heads = spec.num_kv_heads
+        self.decode_kernel = native.paged_decode(model.device, model.dtype)
         self.kv_caches = compute.run(self._allocate, spec, num_blocks, block_size)
 
     def _allocate(
@@ -118,6 +126,13 @@ class ModelRunner:
                 sampled.append(i)
         meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
         dev = self.model.device
+        if self.decode_kernel is not None and dec_tables:
+            width = len(dec_tables[-1])
+            meta.kernel_decode = KernelDecode(
+                self.decode_kernel,
+                torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], dtype=torch.int32),
+                torch.tensor(ctx_lens, dtype=torch.int32))
+            dec_tables = []  # no torch-path groups
         for start, end in split_by_length([len(t) for t in dec_tables]):
             tables, lens = dec_tables[start:end], ctx_lens[start:end]
             max_blocks = len(tables[-1])

@@ -70,6 +70,11 @@ def test_parse_args_quick_and_only():
     a = parse_args(["--requests", "4"])
     assert a.n == 4 and a.conc == [1, 4]
     assert parse_args([]).conc == [1, 8, 32, 64]
+    assert parse_args(["--concurrency", "64,8,200"]).conc == [8, 64]
+    with pytest.raises(SystemExit):
+        parse_args(["--concurrency", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--concurrency", "a"])
     with pytest.raises(SystemExit):
         parse_args(["--only", "nope"])
     with pytest.raises(SystemExit):

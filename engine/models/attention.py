@@ -18,6 +18,7 @@ batch; each prefill chunk in one call of its own (chunks are few and large).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,12 +51,30 @@ class DecodeGroup:
 
 
 @dataclass
+class KernelDecode:
+    """Decode rows [0, num_seqs) for the native kernel, which reads blocks in place."""
+
+    kernel: Callable[..., torch.Tensor]  # native.PagedDecode
+    block_tables: torch.Tensor  # [S, max_blocks] int32, padded with 0
+    context_lens: torch.Tensor  # [S] int32
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+
+@dataclass
 class AttentionMetadata:
-    """Everything the attention of one step needs, built once and shared by all layers."""
+    """Everything the attention of one step needs, built once and shared by all layers.
+
+    Decode rows go either to `kernel_decode` (CPU bfloat16 with the native kernel) or to
+    `decode_groups` (the torch path); never both.
+    """
 
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # rows from 0 on
     prefills: list[PrefillChunk] = field(default_factory=list)
+    kernel_decode: KernelDecode | None = None
 
 
 def write_kv(
@@ -114,6 +133,9 @@ def paged_attention(
     kvh = k.shape[1]
     group = h // kvh
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
+    if (kd := meta.kernel_decode) is not None:
+        s = kd.num_seqs
+        out[:s] = kd.kernel(q[:s], k_cache, v_cache, kd.block_tables, kd.context_lens, scale)
     for g in meta.decode_groups:
         rows, s = slice(g.start, g.start + g.num_seqs), g.num_seqs
         # query heads of one kv head act as that head's "query length": [kvh, S, group, d]

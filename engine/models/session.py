@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import compute
-from engine.models import loader
+from engine.models import loader, native
 from engine.models.llama import LlamaModel
 
 # A prompt: text, token ids, or a chat (list of {"role", "content"} messages).
@@ -92,6 +92,7 @@ class ModelSession:
         dev = pick_device(device)
         torch_dtype, reason = pick_dtype(dtype, dev)
         llama = LlamaModel.from_folder(folder, dev, torch_dtype)
+        native.paged_decode(dev, torch_dtype)  # build the CPU kernel now, not at the first step
         tok = loader.load_tokenizer(folder)
         eos = set()
         if tok.eos_token_id is not None:
