@@ -128,7 +128,10 @@ class Engine(ServingBase):
         return self.kv.num_blocks * self.kv.block_size
 
     # ---- public API ----------------------------------------------------------------
-    def stats(self) -> EngineStats:
+    def stats(self, steps_after: float | None = float("-inf")) -> EngineStats:
+        """Counters, KV usage and the recent steps that started after `steps_after`
+        (a `time.monotonic()` stamp; None for no steps): pollers ask only for what is new,
+        so the state lock is not held while thousands of old steps are copied."""
         with self._state_lock:
             sch = self.scheduler
             return EngineStats(
@@ -146,8 +149,20 @@ class Engine(ServingBase):
                 num_steps=self._num_steps,
                 num_finished=self._num_finished,
                 num_output_tokens=self._num_output_tokens,
-                recent_steps=tuple(self._steps),
+                recent_steps=self._steps_after(steps_after),
             )
+
+    def _steps_after(self, after: float | None) -> tuple[StepStats, ...]:
+        if after is None:
+            return ()
+        if after == float("-inf"):
+            return tuple(self._steps)
+        new = []
+        for step in reversed(self._steps):  # newest first; stop at the first old one
+            if step.start <= after:
+                break
+            new.append(step)
+        return tuple(reversed(new))
 
     def kv_snapshot(self) -> tuple[list[BlockInfo], KVCacheStats]:
         """Every block's state plus the stats at the same moment."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from engine.config import SamplingParams
-from engine.engine import Engine, StepStats
+from engine.engine import Engine
 from engine.job import BackgroundJob
 from engine.local import LocalRunner
 from engine.metrics import RunSummary, summarize
@@ -103,16 +103,6 @@ def _fit_error(n: int, max_tokens: int, limit: int, where: str) -> str | None:
         return (f"max_tokens: {max_tokens} plus a {n}-token prompt exceeds the {where} of "
                 f"{limit} tokens (allowed: 1 to {limit - n})")
     return None
-
-
-def _new_steps(steps: tuple[StepStats, ...], after: float) -> list[StepStats]:
-    """The steps that started after `after`, oldest first (read from the newest end)."""
-    new = []
-    for step in reversed(steps):
-        if step.start <= after:
-            break
-        new.append(step)
-    return new[::-1]
 
 
 def _thin(points: list[dict[str, Any]], limit: int = MAX_SERIES_POINTS) -> list[dict[str, Any]]:
@@ -293,12 +283,13 @@ class Race(BackgroundJob):
         t = now - side.t0
         tokens = sum(h.num_tokens for h in side.handles)
         if isinstance(side.runner, Engine):
-            stats = side.runner.stats()
+            after = max(side.t0, side.last_step_start)
+            stats = side.runner.stats(steps_after=after)
             per_token = side.runner.session.model.spec.kv_bytes_per_token(
                 side.runner.session.model.dtype)
             kv = stats.kv
             reserved, used = kv.used_blocks * kv.block_size * per_token, kv.used_slots * per_token
-            steps = _new_steps(stats.recent_steps, max(side.t0, side.last_step_start))
+            steps = list(stats.recent_steps)
             queue, ahead_running = stats.waiting_ids, 0  # a batch serves all running at once
         else:
             loc = side.runner.stats()

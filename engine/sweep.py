@@ -202,7 +202,7 @@ class Sweep(BackgroundJob):
 
     def describe(self) -> dict[str, str]:
         """How this sweep is measured, for the "How this was measured" panel."""
-        dc, loc, s = self.engine.stats(), self.local.stats(), self.spec
+        dc, loc, s = self.engine.stats(steps_after=None), self.local.stats(), self.spec
         first, second = (LABELS[x] for x in s.order)
         load = ("users: each sends one request at the point's t=0" if s.mode == "users" else
                 f"Poisson arrivals for {s.duration_s:g} s (seed {s.seed}), first at t=0")
@@ -322,14 +322,14 @@ class Sweep(BackgroundJob):
                                "(was the shared engine rebuilt?)")
 
     def _other_requests(self) -> int:
-        stats = self.engine.stats()
+        stats = self.engine.stats(steps_after=None)
         return sum(not rid.startswith(self.sweep_id)
                    for rid in stats.running_ids + stats.waiting_ids)
 
     def _mean_batch(self, side: str, t0: float) -> float:
         if side == "local":
             return 1.0
-        steps = [s.num_seqs for s in self.engine.stats().recent_steps if s.start >= t0]
+        steps = [s.num_seqs for s in self.engine.stats(steps_after=t0).recent_steps]
         return sum(steps) / len(steps) if steps else math.nan
 
 
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     prompts = [[{"role": "user", "content": a.prompt}]] if a.prompt else varied_prompts()
     with Engine() as engine, LocalRunner(engine.session, n_ctx=2048) as local:
-        dc = engine.stats()
+        dc = engine.stats(steps_after=None)
         print(f"model {dc.model} on {dc.device}, {dc.dtype} ({dc.dtype_reason}), "
               f"{torch.get_num_threads()} threads")
         sweep = Sweep(engine, local, prompts, spec)

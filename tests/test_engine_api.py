@@ -133,6 +133,10 @@ def test_stats_snapshot(engine):
     step = s.recent_steps[-1]
     assert step.num_seqs >= 1 and step.duration > 0
     assert s.kv.free_blocks + s.kv.used_blocks + s.kv.cached_blocks == s.kv.num_blocks
+    # pollers ask only for the steps they have not seen
+    cut = s.recent_steps[-3].start
+    assert engine.stats(steps_after=cut).recent_steps == s.recent_steps[-2:]
+    assert engine.stats(steps_after=None).recent_steps == ()
 
 
 def test_too_small_pool_is_rejected(session):

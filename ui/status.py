@@ -32,6 +32,6 @@ def status_strip() -> None:
             job.touch()
     race = st.session_state.get(shared.RACE_KEY)
     prefix = race.race_id if race is not None else None
-    stats = shared.shared_engine().engine.stats()
+    stats = shared.shared_engine().engine.stats(steps_after=None)
     with st.container(key="status-strip"):
         st.caption(status_line(stats, prefix))

@@ -5,18 +5,20 @@ copy before two batched matmuls can read them: on the 2-core CPU that copy plus 
 matmuls were 43% of a 64-user step. The kernel walks each block table and reads every
 K/V byte once, keeping the softmax running in float32 (see the .cpp file).
 
-It is compiled with torch's own extension builder (g++ and ninja) into torch's extension
-cache the first time a bfloat16 model loads on a CPU (about 10 s), and loaded from there
-afterwards. Where it cannot be built (no compiler, no AVX-512, BATCHLENS_NATIVE=0), the
+It is compiled with torch's own extension builder (g++ and ninja) into
+~/.cache/batchlens/kernels/ the first time a bfloat16 model loads on a CPU (about 10 s),
+and loaded from there afterwards. Where it cannot be built (no compiler, no AVX-512, BATCHLENS_NATIVE=0), the
 torch path in `attention.py` is used instead and `status()` says why.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import platform
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+
+STALE_LOCK_S = 300  # a build lock older than this was left by a killed build
 
 PagedDecode = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
@@ -44,12 +48,28 @@ def _build() -> tuple[PagedDecode | None, str]:
         from torch.utils.cpp_extension import load
 
         load(name="batchlens_paged_attention", sources=[str(SOURCE)], extra_cflags=CFLAGS,
-             is_python_module=False, verbose=False)
+             build_directory=str(build_dir()), is_python_module=False, verbose=False)
         return torch.ops.batchlens.paged_decode_attention, "compiled AVX-512 kernel"
     except Exception as exc:  # no compiler, no ninja, a failed build: fall back, say why
         reason = f"could not build the kernel ({type(exc).__name__}: {str(exc)[:200]})"
         log.warning("paged decode attention: %s; using the torch path", reason)
         return None, reason
+
+
+def build_dir() -> Path:
+    """Where the kernel is built: one folder per source, flags and torch version.
+
+    torch's builder waits for a `lock` file while another process builds; a build killed
+    midway leaves it behind, and every later start would wait forever, so an old one goes.
+    """
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()
+                         + torch.__version__.encode()).hexdigest()[:16]
+    folder = Path.home() / ".cache" / "batchlens" / "kernels" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+    return folder
 
 
 def paged_decode(device: torch.device, dtype: torch.dtype) -> PagedDecode | None:
