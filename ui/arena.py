@@ -48,11 +48,11 @@ def is_running() -> bool:
     return race is not None and not race.finished
 
 
-LIVE_CHARTS = (  # (builder, frame) per chart, in page order: 2 x 2
-    (charts.tokens_chart, frames.tokens_frame),
-    (charts.latency_chart, frames.latency_frame),
-    (charts.kv_chart, frames.kv_frame),
-    (charts.batch_chart, frames.batch_frame),
+LIVE_CHARTS = (  # (builder, columns) per chart, in page order: 2 x 2
+    (charts.tokens_chart, frames.tokens_columns),
+    (charts.latency_chart, frames.latency_columns),
+    (charts.kv_chart, frames.kv_columns),
+    (charts.batch_chart, frames.batch_columns),
 )
 EMPTY = RaceSnapshot("waiting", 0.0, {s: SideView.idle(s) for s in ("local", "datacenter")},
                      [], [], [], [], False, None, None, None)
@@ -62,7 +62,7 @@ EMPTY = RaceSnapshot("waiting", 0.0, {s: SideView.idle(s) for s in ("local", "da
 def chart_templates() -> list[dict]:
     """Every live chart's spec, built and validated once per process, so a refresh only
     sends new rows (and the first race is not timed while Altair loads its schema)."""
-    return [charts.template(build(frame(EMPTY))) for build, frame in LIVE_CHARTS]
+    return [charts.template(build(frames.as_frame(cols)(EMPTY))) for build, cols in LIVE_CHARTS]
 
 
 def intro() -> None:
@@ -245,8 +245,8 @@ def side_panel(view: SideView, snap: RaceSnapshot, note: str | None = None) -> N
 def live_charts(snap: RaceSnapshot) -> None:
     """The four charts, two per row, redrawn from the templates with the snapshot's rows."""
     cells = [cell for _ in range(2) for cell in st.columns(2)]
-    for cell, spec, (_, frame) in zip(cells, chart_templates(), LIVE_CHARTS, strict=True):
-        cell.vega_lite_chart(frame(snap), copy.deepcopy(spec), width="stretch")
+    for cell, spec, (_, cols) in zip(cells, chart_templates(), LIVE_CHARTS, strict=True):
+        cell.vega_lite_chart(frames.as_table(cols)(snap), copy.deepcopy(spec), width="stretch")
 
 
 def results(snap: RaceSnapshot) -> None:

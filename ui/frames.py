@@ -1,13 +1,18 @@
-"""Race snapshots as DataFrames for the charts and the table (pure, no Streamlit).
+"""Race snapshots as columns, DataFrames (charts, table, CSV) or Arrow tables (the live
+charts). Pure, no Streamlit.
 
-The live page rebuilds these a few times a second while the engine runs in the same
-process, so they are built column by column from the snapshot's lists (no record parsing,
-no `melt`): every millisecond here is a millisecond the page holds the GIL.
+The live page rebuilds the charts' rows a few times a second while the engine runs in the
+same process, so rows are built column by column from the snapshot's lists and handed to
+the page as Arrow tables (no pandas on that path): every millisecond spent here is a
+millisecond the page holds the GIL that the engine's step loop also needs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
+import pyarrow as pa
 
 from engine.race import RaceSnapshot
 
@@ -15,40 +20,65 @@ SIDE_NAMES = {"local": "Local PC", "datacenter": "Datacenter"}
 ROW_COLUMNS = ["side", "user", "you", "ttft_s", "tpot_s", "e2e_s", "queue_s", "tokens",
                "tokens_per_s", "finish_reason"]
 METRICS = {"ttft_s": "TTFT", "e2e_s": "end-to-end"}
+Columns = dict[str, list]
 
 
-def _frame(records: list[dict], columns: list[str]) -> pd.DataFrame:
-    data = {c: [r.get(c) for r in records] for c in columns}
-    if "side" in data:
-        data["side"] = [SIDE_NAMES.get(s, s) for s in data["side"]]
-    return pd.DataFrame(data, columns=columns)
+def _columns(records: list[dict], names: list[str]) -> Columns:
+    cols = {c: [r.get(c) for r in records] for c in names}
+    if "side" in cols:
+        cols["side"] = [SIDE_NAMES.get(s, s) for s in cols["side"]]
+    return cols
 
 
-def tokens_frame(snap: RaceSnapshot) -> pd.DataFrame:
+def tokens_columns(snap: RaceSnapshot) -> Columns:
     """side, t (s since that side's start), tokens (generated so far, all users)."""
-    return _frame(snap.tokens, ["side", "t", "tokens"])
+    return _columns(snap.tokens, ["side", "t", "tokens"])
 
 
-def kv_frame(snap: RaceSnapshot) -> pd.DataFrame:
+def kv_columns(snap: RaceSnapshot) -> Columns:
     """side, t, kind ("reserved" | "used"), bytes, mib."""
-    df = _frame(snap.kv, ["side", "t", "kind", "bytes"])
-    df["mib"] = [float(b) / 2**20 for b in df["bytes"]]
-    return df
+    cols = _columns(snap.kv, ["side", "t", "kind", "bytes"])
+    cols["mib"] = [float(b) / 2**20 for b in cols["bytes"]]
+    return cols
 
 
-def batch_frame(snap: RaceSnapshot) -> pd.DataFrame:
+def batch_columns(snap: RaceSnapshot) -> Columns:
     """t, num_seqs: sequences in each datacenter engine step."""
-    return _frame(snap.batch, ["t", "num_seqs"])
+    return _columns(snap.batch, ["t", "num_seqs"])
 
 
-def latency_frame(snap: RaceSnapshot) -> pd.DataFrame:
+def latency_columns(snap: RaceSnapshot) -> Columns:
     """side, user, metric ("TTFT" | "end-to-end"), seconds: one row per finished request
-    and metric (all TTFT rows first, as a melt of the rows would give)."""
-    rows = [(SIDE_NAMES.get(r["side"], r["side"]), r["user"], label, r[col])
-            for col, label in METRICS.items() for r in snap.rows]
-    return pd.DataFrame(rows, columns=["side", "user", "metric", "seconds"])
+    and metric (all TTFT rows first)."""
+    pairs = [(r, label, col) for col, label in METRICS.items() for r in snap.rows]
+    return {"side": [SIDE_NAMES.get(r["side"], r["side"]) for r, _, _ in pairs],
+            "user": [r["user"] for r, _, _ in pairs],
+            "metric": [label for _, label, _ in pairs],
+            "seconds": [r[col] for r, _, col in pairs]}
+
+
+def as_frame(columns: Callable[[RaceSnapshot], Columns]) -> Callable[[RaceSnapshot], pd.DataFrame]:
+    def frame(snap: RaceSnapshot) -> pd.DataFrame:
+        return pd.DataFrame(columns(snap))
+
+    frame.__doc__ = columns.__doc__
+    return frame
+
+
+def as_table(columns: Callable[[RaceSnapshot], Columns]) -> Callable[[RaceSnapshot], pa.Table]:
+    def table(snap: RaceSnapshot) -> pa.Table:
+        return pa.table(columns(snap))
+
+    table.__doc__ = columns.__doc__
+    return table
+
+
+tokens_frame = as_frame(tokens_columns)
+kv_frame = as_frame(kv_columns)
+batch_frame = as_frame(batch_columns)
+latency_frame = as_frame(latency_columns)
 
 
 def rows_frame(snap: RaceSnapshot) -> pd.DataFrame:
     """One row per finished request: the table and the CSV."""
-    return _frame(snap.rows, ROW_COLUMNS)
+    return pd.DataFrame(_columns(snap.rows, ROW_COLUMNS), columns=ROW_COLUMNS)
