@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench chromium
+.PHONY: setup run test lint bench chromium compiler
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -23,7 +23,13 @@ chromium:
 	@test -x /usr/bin/chromium || (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends chromium)
 
-test: setup chromium
+# g++ builds the CPU decode-attention kernel; without it the engine falls back to plain torch,
+# but the kernel's tests need it
+compiler:
+	@command -v g++ >/dev/null || (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends g++)
+
+test: setup chromium compiler
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -27,8 +27,9 @@ HEARTBEAT_KEYS = (RACE_KEY, SWEEP_KEY)  # jobs that cancel themselves once the t
 # compute thread, which gives it up around every tensor op; a short switch interval hands
 # it back sooner (Python's default, 5 ms, is longer than most decode ops here).
 GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005"))
-FIRST_LOAD = ("Loading the model: the very first start converts the GGUF file (~20 s); "
-              "later starts read the cached weights (~2 s)...")
+FIRST_LOAD = ("Loading the model: the very first start converts the GGUF file (~20 s) and "
+              "compiles the CPU attention kernel (~10 s); later starts read both from the "
+              "cache (~2 s)...")
 
 
 @st.cache_resource(show_spinner=FIRST_LOAD)
