@@ -68,6 +68,11 @@ def test_kernel_rejects_mismatched_inputs():
         kernel()(q, cache, cache, torch.zeros(2, 1, dtype=torch.long), lens, 0.125)
     with pytest.raises(RuntimeError, match="dtype"):
         kernel()(q.float(), cache, cache, torch.zeros(2, 1, dtype=torch.int32), lens, 0.125)
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="context_lens"):  # 17 keys in one 16-slot block
+        kernel()(q, cache, cache, table, torch.tensor([3, 17], dtype=torch.int32), 0.125)
+    with pytest.raises(RuntimeError, match="block_tables"):  # block 4 of a 4-block cache
+        kernel()(q, cache, cache, table + 4, lens, 0.125)
 
 
 def test_only_cpu_bfloat16_uses_the_kernel():

@@ -7,8 +7,9 @@ K/V byte once, keeping the softmax running in float32 (see the .cpp file).
 
 It is compiled with torch's own extension builder (g++ and ninja) into
 ~/.cache/batchlens/kernels/ the first time a bfloat16 model loads on a CPU (about 10 s),
-and loaded from there afterwards. Where it cannot be built (no compiler, no AVX-512, BATCHLENS_NATIVE=0), the
-torch path in `attention.py` is used instead and `status()` says why.
+and loaded from there afterwards. Where it cannot be built (no compiler, no AVX-512,
+BATCHLENS_NATIVE=0), the torch path in `attention.py` is used instead and `status()` says
+why.
 """
 
 from __future__ import annotations

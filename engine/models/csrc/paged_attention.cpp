@@ -258,6 +258,17 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto bt = block_tables.contiguous();
   auto cl = context_lens.contiguous();
   const int64_t max_blocks = bt.size(1);
+  // a wrong table or length would read outside the cache: check them all (cheap next to
+  // the attention itself)
+  const int32_t* tp = bt.data_ptr<int32_t>();
+  const int32_t* lp = cl.data_ptr<int32_t>();
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK(lp[s] >= 1 && lp[s] <= max_blocks * BS, "context_lens[", s, "] = ", lp[s],
+                " is outside [1, max_blocks * block_size]");
+    for (int64_t b = 0; b * BS < lp[s]; ++b)
+      TORCH_CHECK(tp[s * max_blocks + b] >= 0 && tp[s * max_blocks + b] < NB,
+                  "block_tables[", s, "][", b, "] is not a block of the cache");
+  }
   auto out = at::empty_like(qc);
 #if defined(__AVX512F__)
   if (qc.scalar_type() == at::kBFloat16 &&
