@@ -6,9 +6,10 @@ each round's page/headless ratio, their median, and best page / best headless.
 Usage: .venv/bin/python scripts/page_open_throughput.py [--rounds 3] [--browser-nice 19]
 
 On a hosted instance the viewer's browser runs on the viewer's machine. Here it shares the
-server's cores; `--browser-nice 19` starts Chromium under `nice -n 19`, so it only gets the
-cycles the server leaves, which is the closest this one machine gets to a remote browser.
-The server itself (page refreshes and engine) always runs at normal priority.
+server's cores; `--browser-nice 19` starts Chromium under `nice -n 19`, the closest this
+one machine gets to a remote browser. It is not close: `perf record -a` still puts
+Chromium at ~20% of the CPU during a race. The server (page refreshes and engine) always
+runs at normal priority.
 """
 
 from __future__ import annotations
