@@ -1,8 +1,9 @@
 """The skeleton shared by the page's background workloads (a race, a sweep): a daemon
-thread, a stop event, a heartbeat from the page, and start/finish times.
+thread, a stop event, a heartbeat from the page, start/finish times, and how a run ends
+(an error goes into the snapshot, the final phase, the local runner closed if owned).
 
-Subclasses set up their own state, implement `_run` (which sets `_t_done` when it ends)
-and `_live_handles` (the requests `stop` cancels).
+Subclasses set up their own state, implement `_work` (the run itself) and `_live_handles`
+(the requests `stop` cancels); `_on_finish` clears their own state at the end.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from engine.outputs import RequestHandle
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the package allows 3.10
     from typing import Self
 
+    from engine.local import LocalRunner
+
 
 class BackgroundJob:
     """A workload on its own thread that cancels itself once the page stops touching it."""
 
-    def __init__(self, name: str, heartbeat_timeout: float | None) -> None:
+    def __init__(self, name: str, heartbeat_timeout: float | None, local: LocalRunner,
+                 close_local: bool) -> None:
         self.heartbeat_timeout = heartbeat_timeout
+        self.local, self.close_local = local, close_local
+        self._phase = "waiting"
+        self._error: str | None = None
+        self._abandoned = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._t_start: float | None = None
@@ -29,8 +37,26 @@ class BackgroundJob:
         self._last_touch = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def _run(self) -> None:
+    def _work(self) -> None:
         raise NotImplementedError
+
+    def _on_finish(self) -> None:
+        """Clear the subclass's in-flight state (called under `_lock` when the run ends)."""
+
+    def _run(self) -> None:
+        try:
+            self._work()
+        except Exception as exc:  # surface in the snapshot; never kill the page
+            self._error = f"{type(exc).__name__}: {exc}"
+            self.stop()
+        finally:
+            if self.close_local:
+                self.local.shutdown()
+            with self._lock:
+                self._phase = ("error" if self._error else "abandoned" if self._abandoned
+                               else "stopped" if self._stop.is_set() else "done")
+                self._on_finish()
+                self._t_done = time.monotonic()
 
     def _live_handles(self) -> list[RequestHandle]:
         """The requests submitted so far (called under `_lock`)."""

@@ -132,20 +132,16 @@ class Race(BackgroundJob):
             raise ValueError(f"you: must be in [0, {len(prompts) - 1}], got {you}")
         if sorted(order) != sorted(SIDES):
             raise ValueError(f"order: must name each of {SIDES} once, got {order}")
-        self.engine, self.local, self.params, self.you = engine, local, params, you
-        self.order, self.interval = tuple(order), interval
-        self.close_local = close_local
-        self.prompt_ids = self._encode(prompts)
         self.race_id = f"race-{uuid.uuid4().hex[:8]}"
+        super().__init__(self.race_id, heartbeat_timeout, local, close_local)
+        self.engine, self.params, self.you = engine, params, you
+        self.order, self.interval = tuple(order), interval
+        self.prompt_ids = self._encode(prompts)
         self.num_threads = torch.get_num_threads()
         self._sides = {"datacenter": _Side("datacenter", engine), "local": _Side("local", local)}
         self._tokens: list[dict[str, Any]] = []
         self._kv: list[dict[str, Any]] = []
         self._batch: list[dict[str, Any]] = []
-        self._phase = "waiting"
-        self._error: str | None = None
-        self._abandoned = False
-        super().__init__(self.race_id, heartbeat_timeout)
 
     # ---- set-up ----------------------------------------------------------------------
     def _encode(self, prompts: list[Prompt]) -> list[list[int]]:
@@ -212,22 +208,11 @@ class Race(BackgroundJob):
             )
 
     # ---- the race thread ---------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            for name in self.order:
-                if self._stop.is_set():
-                    break
-                self._run_side(self._sides[name])
-        except Exception as exc:  # surface in the snapshot; never kill the page
-            self._error = f"{type(exc).__name__}: {exc}"
-            self.stop()
-        finally:
-            if self.close_local:
-                self.local.shutdown()
-            with self._lock:
-                self._phase = ("error" if self._error else "abandoned" if self._abandoned
-                               else "stopped" if self._stop.is_set() else "done")
-                self._t_done = time.monotonic()
+    def _work(self) -> None:
+        for name in self.order:
+            if self._stop.is_set():
+                break
+            self._run_side(self._sides[name])
 
     def _params_for(self, user: int) -> SamplingParams:
         if self.params.greedy or self.params.seed is not None:

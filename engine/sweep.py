@@ -173,19 +173,17 @@ class Sweep(BackgroundJob):
                  interval: float = 0.1, close_local: bool = False) -> None:
         if not prompts:
             raise ValueError("prompts: at least one prompt is needed")
-        self.engine, self.local, self.spec = engine, local, spec or SweepSpec()
-        self.interval, self.close_local = interval, close_local
+        self.sweep_id = f"sweep-{uuid.uuid4().hex[:8]}"
+        super().__init__(self.sweep_id, heartbeat_timeout, local, close_local)
+        self.engine, self.spec, self.interval = engine, spec or SweepSpec(), interval
         self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
         self.prompt_ids = [self._encode(p) for p in prompts]
-        self.sweep_id = f"sweep-{uuid.uuid4().hex[:8]}"
         self.num_threads = torch.get_num_threads()
         self._total = 2 * self.spec.num_requests
         self._points: list[SweepPoint] = []
         self._handles: list[RequestHandle] = []
         self._current: str | None = None
         self._done_requests = 0
-        self._phase, self._error, self._abandoned = "waiting", None, False
-        super().__init__(self.sweep_id, heartbeat_timeout)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         ids = self.engine.session.encode(prompt)
@@ -238,30 +236,22 @@ class Sweep(BackgroundJob):
                 finished=self._t_done is not None, error=self._error)
 
     # ---- the sweep thread ------------------------------------------------------------
-    def _run(self) -> None:
+    def _work(self) -> None:
         with self._lock:
             self._phase = "running"
-        try:
-            for i, level in enumerate(self.spec.levels):
-                for side in self.spec.order:
-                    if self._stop.is_set():
-                        break
-                    point = self._run_point(side, i, level)
-                    with self._lock:
-                        if point is not None:
-                            self._points.append(point)
-                        self._done_requests += len(self._handles)
-                        self._handles, self._current = [], None
-        except Exception as exc:  # surface in the snapshot; never kill the page
-            self._error = f"{type(exc).__name__}: {exc}"
-            self.stop()
-        finally:
-            if self.close_local:
-                self.local.shutdown()
-            with self._lock:
-                self._phase = ("error" if self._error else "abandoned" if self._abandoned
-                               else "stopped" if self._stop.is_set() else "done")
-                self._current, self._t_done = None, time.monotonic()
+        for i, level in enumerate(self.spec.levels):
+            for side in self.spec.order:
+                if self._stop.is_set():
+                    break
+                point = self._run_point(side, i, level)
+                with self._lock:
+                    if point is not None:
+                        self._points.append(point)
+                    self._done_requests += len(self._handles)
+                    self._handles, self._current = [], None
+
+    def _on_finish(self) -> None:
+        self._current = None
 
     def _run_point(self, side: str, index: int, level: float) -> SweepPoint | None:
         """Submit this load's requests as they arrive; wait for them; None if stopped."""
