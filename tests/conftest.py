@@ -80,3 +80,22 @@ def tokenizer_dir() -> Path:
 def tiny_models(tmp_path_factory, tokenizer_dir: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     return {k: build_tiny_model(k, root / k, tokenizer_dir) for k in ("llama", "qwen2")}
+
+
+# ---- for the race and sweep tests (modules that define their own override these) ----------
+@pytest.fixture(scope="module")
+def engine(session):
+    """A small datacenter engine (64 KV blocks) on the shared float32 session."""
+    from engine import Engine, EngineConfig
+
+    with Engine(EngineConfig(num_kv_blocks=64), session=session) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def local(session):
+    """A local runner with a 512-token window on the shared float32 session."""
+    from engine.local import LocalRunner
+
+    with LocalRunner(session, n_ctx=512) as runner:
+        yield runner

@@ -5,32 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from polling import wait_for
 
-from engine import Engine, EngineConfig, SamplingParams, summarize
-from engine.local import LocalRunner
+from engine import Engine, SamplingParams, summarize
 from engine.race import Race, _thin
 
 PROMPTS = [[{"role": "user", "content": c}] for c in
            ("What is the capital of France?", "Name a colour.", "Count to three.")]
-
-
-@pytest.fixture(scope="module")
-def engine(session):
-    with Engine(EngineConfig(num_kv_blocks=64), session=session) as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def local(session):
-    with LocalRunner(session, n_ctx=512) as runner:
-        yield runner
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 def assert_engine_idle(engine: Engine) -> None:

@@ -4,35 +4,16 @@ Poisson arrivals."""
 from __future__ import annotations
 
 import io
-import time
 
 import pandas as pd
 import pytest
+from polling import wait_for
 
-from engine import Engine, EngineConfig
+from engine import Engine
 from engine.local import LocalRunner
 from engine.sweep import Sweep, SweepSpec, format_table, rows, varied_prompts
 
 PROMPTS = varied_prompts()[:3]
-
-
-@pytest.fixture(scope="module")
-def engine(session):
-    with Engine(EngineConfig(num_kv_blocks=64), session=session) as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def local(session):
-    with LocalRunner(session, n_ctx=512) as runner:
-        yield runner
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 def assert_idle(engine: Engine, local: LocalRunner) -> None:
