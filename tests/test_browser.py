@@ -158,7 +158,9 @@ def test_two_sessions_share_the_engine_and_see_each_other(server, browser):
     pages = [open_arena(browser, server) for _ in range(2)]
     for page, prompt in zip(pages, ("Why do cats purr?", "Describe a sunny beach."),
                             strict=True):
-        set_up_race(page, prompt, users=3, max_tokens=24)
+        # long enough that both datacenter sides are in the shared engine together for a
+        # few of the status strip's 1 s refreshes (24 tokens took under a second)
+        set_up_race(page, prompt, users=3, max_tokens=96)
     for page in pages:
         click_run(page)
     saw_others = [False, False]
