@@ -103,8 +103,7 @@ class Engine(ServingBase):
         self._steps: deque[StepStats] = deque(maxlen=16384)
         self._num_steps = self._num_finished = self._num_output_tokens = 0
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="batchlens-engine", daemon=True)
-        self._thread.start()
+        self._start_loop(self._loop, "batchlens-engine")
 
     # ---- set-up --------------------------------------------------------------------
     def _blocks_for_budget(self) -> int:

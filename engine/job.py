@@ -2,6 +2,11 @@
 thread, a stop event, a heartbeat from the page, start/finish times, and how a run ends
 (an error goes into the snapshot, the final phase, the local runner closed if owned).
 
+A job is abandoned (cancels its requests) when the page has not touched it for
+`heartbeat_timeout` seconds and, if the page gave a `connected` check, its browser session
+is gone too. A connected tab whose refreshes are merely late (a busy viewer's machine)
+keeps its job; a closed tab loses it within `heartbeat_timeout`.
+
 Subclasses set up their own state, implement `_work` (the run itself) and `_live_handles`
 (the requests `stop` cancels); `_on_finish` clears their own state at the end.
 """
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.outputs import RequestHandle
@@ -24,8 +30,8 @@ class BackgroundJob:
     """A workload on its own thread that cancels itself once the page stops touching it."""
 
     def __init__(self, name: str, heartbeat_timeout: float | None, local: LocalRunner,
-                 close_local: bool) -> None:
-        self.heartbeat_timeout = heartbeat_timeout
+                 close_local: bool, connected: Callable[[], bool] | None = None) -> None:
+        self.heartbeat_timeout, self.connected = heartbeat_timeout, connected
         self.local, self.close_local = local, close_local
         self._phase = "waiting"
         self._error: str | None = None
@@ -88,5 +94,8 @@ class BackgroundJob:
         return self._t_done is not None
 
     def _heartbeat_expired(self) -> bool:
+        """Untouched for `heartbeat_timeout` seconds, and not known to be connected."""
         limit = self.heartbeat_timeout
-        return limit is not None and time.monotonic() - self._last_touch > limit
+        if limit is None or time.monotonic() - self._last_touch <= limit:
+            return False
+        return self.connected is None or not self.connected()

@@ -126,8 +126,7 @@ class LocalRunner(ServingBase):
         self._current: Sequence | None = None
         self._num_finished = self._num_output_tokens = 0
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="batchlens-local", daemon=True)
-        self._thread.start()
+        self._start_loop(self._loop, "batchlens-local")
 
     # ---- public API ----------------------------------------------------------------
     def stats(self) -> LocalStats:

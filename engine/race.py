@@ -12,8 +12,9 @@ shared timeline where each side's t=0 is its own start::
 A background thread submits every user's request to one side, samples progress every
 `interval` seconds (tokens, KV memory, datacenter batch size per step) and, when that
 side is done, moves on to the next. `snapshot()` returns a copy, safe from any thread.
-`touch()` is a heartbeat: without one for `heartbeat_timeout` seconds (a closed browser
-tab) the race cancels its own requests. Every figure comes from `engine.metrics`.
+`touch()` is a heartbeat: without one for `heartbeat_timeout` seconds, and with the page's
+`connected` check (if given) false, i.e. a closed browser tab, the race cancels its own
+requests. Every figure comes from `engine.metrics`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +126,7 @@ class Race(BackgroundJob):
         self, engine: Engine, local: LocalRunner, prompts: list[Prompt],
         params: SamplingParams, *, you: int = 0, order: tuple[str, ...] = SIDES,
         heartbeat_timeout: float | None = 5.0, interval: float = 0.1,
-        close_local: bool = False,
+        close_local: bool = False, connected: Callable[[], bool] | None = None,
     ) -> None:
         if not prompts:
             raise ValueError("users: at least one prompt is needed")
@@ -133,7 +135,7 @@ class Race(BackgroundJob):
         if sorted(order) != sorted(SIDES):
             raise ValueError(f"order: must name each of {SIDES} once, got {order}")
         self.race_id = f"race-{uuid.uuid4().hex[:8]}"
-        super().__init__(self.race_id, heartbeat_timeout, local, close_local)
+        super().__init__(self.race_id, heartbeat_timeout, local, close_local, connected)
         self.engine, self.params, self.you = engine, params, you
         self.order, self.interval = tuple(order), interval
         self.prompt_ids = self._encode(prompts)

@@ -7,12 +7,22 @@ provides `_submit_many` (validate, queue, return handles) and `shutdown`, and ow
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 from engine.config import SamplingParams
 from engine.models.session import Prompt
 from engine.outputs import RequestHandle, RequestOutput
+
+# The loop's compute thread gives the GIL up around every tensor op and must win it back
+# from whatever else runs Python in the process (a page's script runs, a race's sampler).
+# Python's default switch interval, 5 ms, is longer than most decode ops here; 0.5 ms hands
+# the GIL back sooner. Set for the whole process, once a loop starts, so the page, the
+# headless race and the bench all run under the same rule.
+GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005"))
 
 
 class ServingBase:
@@ -20,6 +30,12 @@ class ServingBase:
     _cancels: set[str]
     _stopped: bool
     _thread: threading.Thread
+
+    def _start_loop(self, target: Callable[[], None], name: str) -> None:
+        """Start the background loop `target` on a daemon thread called `name`."""
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+        self._thread.start()
 
     def _stop_loop(self) -> None:
         """Tell the background loop to end and wait for it."""

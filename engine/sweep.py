@@ -26,7 +26,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,11 +170,12 @@ class Sweep(BackgroundJob):
 
     def __init__(self, engine: Engine, local: LocalRunner, prompts: Sequence[Prompt],
                  spec: SweepSpec | None = None, *, heartbeat_timeout: float | None = None,
-                 interval: float = 0.1, close_local: bool = False) -> None:
+                 interval: float = 0.1, close_local: bool = False,
+                 connected: Callable[[], bool] | None = None) -> None:
         if not prompts:
             raise ValueError("prompts: at least one prompt is needed")
         self.sweep_id = f"sweep-{uuid.uuid4().hex[:8]}"
-        super().__init__(self.sweep_id, heartbeat_timeout, local, close_local)
+        super().__init__(self.sweep_id, heartbeat_timeout, local, close_local, connected)
         self.engine, self.spec, self.interval = engine, spec or SweepSpec(), interval
         self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
         self.prompt_ids = [self._encode(p) for p in prompts]

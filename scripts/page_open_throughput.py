@@ -6,8 +6,11 @@ each round's page/headless ratio, their median, and best page / best headless.
 Usage: .venv/bin/python scripts/page_open_throughput.py [--rounds 3] [--browser-nice 19]
 
 On a hosted instance the viewer's browser runs on the viewer's machine. Here it shares the
-server's cores; `--browser-nice 19` starts Chromium under `nice -n 19`, the closest this
-one machine gets to a remote browser. It is not close: `perf record -a` still puts
+server's two cores; `--browser-nice 19` is the closest this one machine gets to a remote
+browser: Chromium runs under `nice -n 19` *and* its autogroup is set to nice 19. The
+second part matters: Playwright starts Chromium in a session of its own, and with the
+kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled) each session
+gets a fair share of the CPU whatever its processes' nice values, so plain `nice` left
 Chromium at ~20% of the CPU during a race. The server (page refreshes and engine) always
 runs at normal priority.
 """
@@ -56,11 +59,13 @@ def open_arena(page, url: str) -> None:
 
 
 def browser_path(nice: int, folder: str) -> str:
-    """Chromium itself, or a wrapper that starts it under `nice -n <nice>`."""
+    """Chromium itself, or a wrapper that sets its autogroup's nice (where the kernel has
+    autogroups) and starts it under `nice -n <nice>`."""
     if nice == 0:
         return CHROMIUM
     wrapper = Path(folder) / "chromium-nice"
-    wrapper.write_text(f'#!/bin/sh\nexec nice -n {nice} {CHROMIUM} "$@"\n')
+    wrapper.write_text(f"#!/bin/sh\n[ -w /proc/self/autogroup ] && echo {nice} > /proc/self/autogroup\n"
+                       f'exec nice -n {nice} {CHROMIUM} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
 
@@ -69,7 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2, help="page/headless pairs (default 2)")
     ap.add_argument("--browser-nice", type=int, default=0, choices=range(20), metavar="0-19",
-                    help="run Chromium under nice -n N (default 0: same priority)")
+                    help="run Chromium at nice N, its autogroup too (default 0: same priority)")
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")

@@ -179,6 +179,34 @@ def test_two_sessions_share_the_engine_and_see_each_other(server, browser):
         page.context.close()
 
 
+def strip_counts(page) -> tuple[int, int, int] | None:
+    """(running, waiting, yours) from the status strip, or None before it is drawn."""
+    m = STRIP.search(page.locator(".st-key-status-strip").inner_text())
+    return tuple(map(int, m.groups())) if m else None
+
+
+def test_a_closed_tab_cancels_its_race_and_frees_its_blocks(server, browser):
+    page = open_arena(browser, server)
+    # 64 x 1024 tokens: minutes of work for the datacenter side alone, if not cancelled
+    set_up_race(page, "Write a long story about a lighthouse keeper.", users=64,
+                max_tokens=1024)
+    click_run(page)
+    wait_until(lambda: (strip_counts(page) or (0, 0, 0))[2] > 0, 60, "the race never started")
+    page.context.close()  # the websocket closes; the race is abandoned 5 s later
+    watcher = open_arena(browser, server)
+    wait_until(lambda: strip_counts(watcher) == (0, 0, 0)
+               and "KV blocks used: 0/" in watcher.locator(".st-key-status-strip").inner_text(),
+               60, "the closed tab's requests still run or hold KV blocks")
+    watcher.context.close()
+
+
+def wait_until(check, timeout_s: float, message: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.25)
+
+
 def answers(page) -> list[str]:
     """Your answer as shown on each side (plain text blocks)."""
     return [page.locator(f".st-key-side-{side} [data-testid='stCode']").inner_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -97,6 +98,24 @@ def test_heartbeat_timeout_cancels_an_abandoned_race(engine, local):
     snap = race.snapshot()
     assert snap.phase == "abandoned"
     assert all(o.finish_reason == "cancelled" for o in race.outputs("datacenter"))
+    assert_engine_idle(engine)
+
+
+@pytest.mark.model
+def test_a_connected_session_keeps_its_race_through_late_refreshes(engine, local):
+    """A busy viewer's browser refreshes late; its race goes on while the session is
+    connected, and is abandoned once the session is gone (a closed tab)."""
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    connected = threading.Event()
+    connected.set()
+    race = Race(engine, local, PROMPTS, params, heartbeat_timeout=0.2,
+                connected=connected.is_set).start()
+    time.sleep(1.5)  # no touches for 7 heartbeat timeouts
+    assert not race.finished
+    assert race.snapshot().phase in ("datacenter", "local")
+    connected.clear()  # the tab closes
+    assert race.join(timeout=60)
+    assert race.snapshot().phase == "abandoned"
     assert_engine_idle(engine)
 
 

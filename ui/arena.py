@@ -150,7 +150,8 @@ def start_race(prompts: list, params: SamplingParams, you: int = 0,
                         strict=False))
         local = LocalRunner(session, n_ctx=LOCAL_N_CTX, **pace)
         race = Race(shared.shared_engine().engine, local, prompts, params, you=you,
-                    heartbeat_timeout=HEARTBEAT_S, close_local=True)
+                    heartbeat_timeout=HEARTBEAT_S, close_local=True,
+                    connected=shared.session_connected())
     except ValueError as exc:
         if local is not None:
             local.shutdown()

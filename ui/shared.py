@@ -12,21 +12,19 @@ BATCHLENS_DTYPE to force a dtype (default "auto").
 from __future__ import annotations
 
 import os
-import sys
 import threading
+from collections.abc import Callable
 
 import streamlit as st
 import torch
+from streamlit.runtime import Runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from engine import Engine, EngineConfig, ModelSession
 
 RACE_KEY = "arena_race"  # st.session_state key of this browser session's race
 SWEEP_KEY = "sweep_run"  # ... and of its load sweep
 HEARTBEAT_KEYS = (RACE_KEY, SWEEP_KEY)  # jobs that cancel themselves once the tab is gone
-# The page's threads (script runs, the websocket loop) share the GIL with the engine's
-# compute thread, which gives it up around every tensor op; a short switch interval hands
-# it back sooner (Python's default, 5 ms, is longer than most decode ops here).
-GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005"))
 FIRST_LOAD = ("Loading the model: the very first start converts the GGUF file (~20 s) and "
               "compiles the CPU attention kernel (~10 s); later starts read both from the "
               "cache (~2 s)...")
@@ -64,7 +62,6 @@ class SharedEngine:
                    on_release=SharedEngine.shutdown)
 def shared_engine() -> SharedEngine:
     """The datacenter engine every browser session of this server shares."""
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     return SharedEngine(model_session())
 
 
@@ -79,3 +76,14 @@ def local_session(choice: str) -> ModelSession:
 
 def has_gpu() -> bool:
     return torch.cuda.is_available()
+
+
+def session_connected() -> Callable[[], bool] | None:
+    """A check, safe from any thread, that this browser session's websocket is still open;
+    None without a script run context. Under AppTest (a mocked runtime) it is never true,
+    leaving the jobs to the heartbeat alone."""
+    ctx = get_script_run_ctx()
+    if ctx is None or not Runtime.exists():
+        return None
+    runtime, session_id = Runtime.instance(), ctx.session_id
+    return lambda: runtime.is_active_session(session_id) is True

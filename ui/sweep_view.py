@@ -145,7 +145,7 @@ def _on_run() -> None:
     try:
         local = LocalRunner(engine.session, n_ctx=LOCAL_N_CTX)
         sweep = Sweep(engine, local, prompts, spec, heartbeat_timeout=HEARTBEAT_S,
-                      close_local=True)
+                      close_local=True, connected=shared.session_connected())
     except ValueError as exc:
         if local is not None:
             local.shutdown()
