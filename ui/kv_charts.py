@@ -14,7 +14,7 @@ import pandas as pd
 from ui.kv_frames import GRID_COLUMNS
 
 MAP_WIDTH_PX = 576  # about half a wide page: a row's height is this over the columns
-HEIGHT = 280
+HEIGHT = 360  # the whole chart: title, legends and axes fit in it too (Streamlit)
 INK = "#111827"
 LINE_COLOR = "#2e86de"
 TITLE_PX, SUBTITLE_PX = 18, 14

@@ -20,11 +20,19 @@ KEY_KV_START = "kv_autostart"  # the KV cache page starts this scenario when it 
 CSS = """
 <style>
 html, body, [class*="st-"] { font-size: 22px; }
-[data-testid="stMetricValue"] { font-size: 3.2rem; font-weight: 700; }
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] * {
+  font-size: 2rem !important; font-weight: 700;
+}
 [data-testid="stMetricLabel"] p { font-size: 1.15rem; }
-h1 { font-size: 2.6rem !important; }
-h2 { font-size: 2.1rem !important; }
-h3 { font-size: 1.7rem !important; }
+h1, h1 * { font-size: 2.6rem !important; }
+h2, h2 * { font-size: 2.1rem !important; }
+h3, h3 * { font-size: 1.7rem !important; }
+/* text wraps instead of ending in "..." (metric labels and values, scenario buttons) */
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *,
+[data-testid="stBaseButton-primary"] *, [data-testid="stBaseButton-secondary"] * {
+  white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+  overflow-wrap: normal !important; word-break: normal !important;
+}
 [data-testid="stCode"] pre, [data-testid="stCode"] code { font-size: 1.1rem; }
 [data-testid="stCaptionContainer"] { font-size: 1.05rem; }
 </style>

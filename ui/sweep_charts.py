@@ -19,7 +19,7 @@ COLORS = {"Local PC": "#e4572e", "Datacenter": "#2e86de", ROOF: "#6b7280"}
 PERCENTILES = ["p50", "p99"]
 X_TITLES = {"users": "concurrent users (log scale)",
             "rate_rps": "arrival rate, requests/s (log scale)"}
-HEIGHT = 300
+HEIGHT = 420  # the whole chart: title, legends and axes fit in it too (Streamlit)
 FONT = {"labelFontSize": 14, "titleFontSize": 15}
 
 
