@@ -64,7 +64,7 @@ def _calibrate_cached(seconds: float, device: str) -> Calibration:
         offload = _host_to_device_gbs(size, 0.1 * seconds) if device == "cuda" else None
     return Calibration(
         device=device,
-        device_name=_device_name(device),
+        device_name=device_name(device),
         bandwidth_gbs=bandwidth,
         tflops=max(by_dtype.values()),
         tflops_by_dtype=by_dtype,
@@ -139,7 +139,8 @@ def _memory_gib(device: str) -> tuple[float, float]:
     return (os.sysconf("SC_PHYS_PAGES") * page / GIB, os.sysconf("SC_AVPHYS_PAGES") * page / GIB)
 
 
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
+    """The GPU model, or the CPU model name and the torch thread count."""
     if device == "cuda":
         return torch.cuda.get_device_name(0)
     try:

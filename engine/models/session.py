@@ -7,6 +7,8 @@ the very same weights and math.
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import compute
+from engine.calibrate import device_name
 from engine.models import loader, native
 from engine.models.llama import LlamaModel
 
@@ -50,13 +53,33 @@ def _time_matmul(device: torch.device, dtype: torch.dtype, m: int = 64, k: int =
 
 
 def pick_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """The dtype to run in and why. "auto" measures float32 against bfloat16 here."""
+    """The dtype to run in and why. On a CPU, "auto" measures float32 against bfloat16 on
+    the first start and keeps the answer per machine (CPU model, threads, torch version),
+    so every later start runs the same dtype and prints the same text."""
     if dtype != "auto":
         return DTYPES[dtype], f"{dtype}: chosen in the settings"
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "bfloat16: native on this GPU"
         return torch.float16, "float16: this GPU has no bfloat16"
+    machine = f"{device_name('cpu')}|torch {torch.__version__}"
+    path = loader.cache_root() / "dtype" / f"{hashlib.sha256(machine.encode()).hexdigest()[:16]}.json"
+    try:
+        saved = json.loads(path.read_text())
+        return DTYPES[saved["dtype"]], saved["reason"]
+    except (OSError, ValueError, KeyError):
+        pass
+    picked, reason = _measure_cpu_dtype(device)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"machine": machine, "dtype": str(picked).split(".")[-1],
+                                    "reason": f"{reason} (measured on the first start)"}))
+    except OSError:
+        pass  # a read-only cache: measure again next start
+    return picked, reason
+
+
+def _measure_cpu_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     # interleaved, best of 5 each: robust to another process taking the cores for a moment
     t32 = t16 = float("inf")
     for _ in range(5):
