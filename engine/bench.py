@@ -25,7 +25,7 @@ import torch
 
 from engine import compute
 from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine
+from engine.engine import Engine, StepStats
 from engine.local import LocalRunner
 from engine.metrics import RequestMetrics, RunSummary, summarize
 from engine.models import native
@@ -242,6 +242,8 @@ def run_engine(ctx: BenchContext) -> list[RunResult]:
         res.extra = {"steps": st.num_steps - warm_steps, "preemptions": st.num_preemptions,
                      "cached_prompt_tokens": sum(o.num_cached_tokens for o in outs)}
         reserved = sum(s.kv_reserved_slots for s in steps)
+        if len(steps) == res.extra["steps"]:
+            res.extra["time"] = step_breakdown(steps)
         if len(steps) < res.extra["steps"]:  # recent_steps is a bounded deque
             res.extra["kv_waste"] = f"n/a: only {len(steps)} of {res.extra['steps']} steps kept"
         elif reserved:
@@ -249,6 +251,25 @@ def run_engine(ctx: BenchContext) -> list[RunResult]:
                                         for s in steps) / reserved
         results.append(res)
     return results
+
+
+def step_breakdown(steps: list[StepStats]) -> dict[str, float]:
+    """Where an engine run's time went: steps with prompt tokens, and decode-only steps
+    with a least-squares fit of their duration, `fixed_ms + per_seq_ms x sequences`."""
+    pre = [s for s in steps if s.num_prefill_tokens]
+    dec = [s for s in steps if not s.num_prefill_tokens]
+    out = {"prefill_s": sum(s.duration for s in pre),
+           "prefill_tokens": sum(s.num_prefill_tokens for s in pre),
+           "decode_s": sum(s.duration for s in dec),
+           "decode_tokens": sum(s.num_decode_tokens for s in dec), "decode_steps": len(dec)}
+    if len({s.num_seqs for s in dec}) >= 2:
+        n = len(dec)
+        mx = sum(s.num_seqs for s in dec) / n
+        my = sum(s.duration for s in dec) / n
+        sxx = sum((s.num_seqs - mx) ** 2 for s in dec)
+        slope = sum((s.num_seqs - mx) * (s.duration - my) for s in dec) / sxx
+        out |= {"fixed_ms": 1000 * (my - slope * mx), "per_seq_ms": 1000 * slope}
+    return out
 
 
 def run_local(ctx: BenchContext) -> list[RunResult]:
@@ -337,6 +358,15 @@ def report(results: list[RunResult]) -> str:
                        f"{f'{w:.1%}' if isinstance(w, float) else w} over {r.extra['steps']} "
                        f"steps, {r.extra['preemptions']} preemptions, "
                        f"{r.extra['cached_prompt_tokens']} prompt tokens from the prefix cache")
+        if t := r.extra.get("time"):
+            line = (f"{r.name}: steps with prompt tokens {t['prefill_s']:.1f} s "
+                    f"({t['prefill_tokens']:,} prompt tokens); decode-only steps "
+                    f"{t['decode_s']:.1f} s ({t['decode_steps']} steps, "
+                    f"{t['decode_tokens']:,} tokens)")
+            if "fixed_ms" in t:
+                line += (f", each ~{t['fixed_ms']:.1f} ms + {t['per_seq_ms']:.2f} ms per "
+                         "sequence")
+            out.append(line)
     return "\n".join(out)
 
 

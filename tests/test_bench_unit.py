@@ -11,7 +11,9 @@ from engine.bench import (
     parse_args,
     ratios,
     report,
+    step_breakdown,
 )
+from engine.engine import StepStats
 from engine.metrics import RequestMetrics, summarize
 
 CORPUS = list(range(100, 400))
@@ -85,3 +87,26 @@ def test_parse_args_quick_and_only():
 def test_others_busy_subtracts_this_process():
     assert others_busy((0.0, 0.0, 0.0), (10.0, 6.0, 4.0)) == pytest.approx(0.2)
     assert others_busy((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)) == 0.0
+
+
+def _fake_step(num_seqs: int, duration: float, prefill: int = 0) -> StepStats:
+    return StepStats(start=0.0, duration=duration, num_seqs=num_seqs,
+                     num_prefill_tokens=prefill, num_decode_tokens=num_seqs if not prefill else 0,
+                     num_preempted=0, kv_usage=0.0, kv_used_slots=0, kv_reserved_slots=0)
+
+
+def test_step_breakdown_fits_fixed_plus_per_sequence_cost():
+    # fake decode steps costing exactly 20 ms + 1.5 ms per sequence, and one prefill step
+    steps = [_fake_step(n, 0.020 + 0.0015 * n) for n in (1, 8, 32, 64)]
+    steps.append(_fake_step(4, 0.4, prefill=500))
+    t = step_breakdown(steps)
+    assert t["prefill_s"] == pytest.approx(0.4) and t["prefill_tokens"] == 500
+    assert t["decode_steps"] == 4 and t["decode_tokens"] == 105
+    assert t["fixed_ms"] == pytest.approx(20.0) and t["per_seq_ms"] == pytest.approx(1.5)
+    r = RunResult("engine@64", extra={"time": t})
+    assert "each ~20.0 ms + 1.50 ms per sequence" in report([r])
+
+
+def test_step_breakdown_without_two_batch_sizes_has_no_fit():
+    t = step_breakdown([_fake_step(8, 0.03), _fake_step(8, 0.031)])
+    assert "fixed_ms" not in t and t["decode_s"] == pytest.approx(0.061)

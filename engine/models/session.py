@@ -73,7 +73,7 @@ def pick_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"machine": machine, "dtype": str(picked).split(".")[-1],
-                                    "reason": f"{reason} (measured on the first start)"}))
+                                    "reason": f"{reason}, measured on the first start"}))
     except OSError:
         pass  # a read-only cache: measure again next start
     return picked, reason
