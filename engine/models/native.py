@@ -5,11 +5,11 @@ copy before two batched matmuls can read them: on the 2-core CPU that copy plus 
 matmuls were 43% of a 64-user step. The kernel walks each block table and reads every
 K/V byte once, keeping the softmax running in float32 (see the .cpp file).
 
-It is compiled with torch's own extension builder (g++ and ninja) into
-~/.cache/batchlens/kernels/ the first time a bfloat16 model loads on a CPU (about 10 s),
-and loaded from there afterwards. Where it cannot be built (no compiler, no AVX-512,
-BATCHLENS_NATIVE=0), the torch path in `attention.py` is used instead and `status()` says
-why.
+It is compiled with torch's own extension builder (g++ and ninja) into kernels/ under the
+user cache (`$BATCHLENS_CACHE` or ~/.cache/batchlens) the first time a bfloat16 model
+loads on a CPU (about 10 s), and loaded from there afterwards. Where it cannot be built
+(no compiler, no AVX-512, BATCHLENS_NATIVE=0), the torch path in `attention.py` is used
+instead and `status()` says why.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from engine.models import loader
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ def build_dir() -> Path:
     """
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()
                          + torch.__version__.encode()).hexdigest()[:16]
-    folder = Path.home() / ".cache" / "batchlens" / "kernels" / key
+    folder = loader.cache_root() / "kernels" / key
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / "lock"
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
