@@ -36,15 +36,17 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
 
 
 @pytest.mark.skipif(not HAS_AVX512, reason="the kernel is built for AVX-512 CPUs only")
-@pytest.mark.parametrize("dtype,block_size,tol", [
-    (torch.bfloat16, 16, 2e-2),  # the AVX-512 path, one block per 16 keys
-    (torch.bfloat16, 4, 2e-2),   # 16 keys span four blocks
-    (torch.bfloat16, 48, 2e-2),  # a block holds three chunks of 16 keys
-    (torch.float32, 16, 1e-5),   # the generic path
+@pytest.mark.parametrize("dtype,block_size,d,tol", [
+    (torch.bfloat16, 16, 64, 2e-2),  # the AVX-512 path (q·k by bfloat16 dot products where
+                                     # the CPU has them), one block per 16 keys
+    (torch.bfloat16, 4, 64, 2e-2),   # 16 keys span four blocks
+    (torch.bfloat16, 48, 64, 2e-2),  # a block holds three chunks of 16 keys
+    (torch.bfloat16, 16, 48, 2e-2),  # head_dim not a multiple of 32: q·k by float32 FMAs
+    (torch.float32, 16, 64, 1e-5),   # the generic path
 ])
-def test_kernel_matches_float64_softmax_attention(dtype, block_size, tol):
+def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, tol):
     g = torch.Generator().manual_seed(0)
-    kvh, group, d, num_blocks = 3, 3, 64, 600
+    kvh, group, num_blocks = 3, 3, 600
     lens = torch.tensor([1, 2, 15, 16, 17, 33, 100, 250], dtype=torch.int32)
     width = -(-int(lens.max()) // block_size)
     k_cache = torch.randn(kvh, num_blocks, block_size, d, generator=g).to(dtype)

@@ -3,7 +3,9 @@
 // For every (request, kv head) pair, in parallel: walk the request's block table, score
 // the block's keys against the query heads that share this kv head, and fold the block
 // into a running softmax (max, sum, weighted V) kept in float32. Each K/V byte is read
-// once; nothing is gathered into a padded copy first.
+// once; nothing is gathered into a padded copy first. The AVX-512 path scores 16 keys at a
+// time and sums the 16 dot products across lanes together (hsum16), by bfloat16 dot
+// instructions where the CPU has them (AVX512_BF16).
 //
 //   q        [S, H, D]                  one new token per request
 //   k_cache  [KVH, NUM_BLOCKS, BS, D]   v_cache alike
@@ -131,6 +133,33 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
+// Lane t of the result is the sum of v[t]'s 16 lanes: 16 horizontal sums in 15 adds
+// (one _mm512_reduce_add_ps per vector costs about as many instructions for each one).
+inline __m512 hsum16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)  // pairs of vectors: two partial sums of each per 128-bit lane
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // x[i]: per 128-bit lane, one sum each of v[4i .. 4i+3]
+    const __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
+    x[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // add the four 128-bit lanes of x[i] into lane group i of the result
+  const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x44),
+                                   _mm512_shuffle_f32x4(x[0], x[1], 0xEE));
+  const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x44),
+                                   _mm512_shuffle_f32x4(x[2], x[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88),
+                       _mm512_shuffle_f32x4(z01, z23, 0xDD));
+}
+
+#if defined(__AVX512BF16__)
+constexpr bool kDotBf16 = true;  // q·k by VDPBF16PS: bfloat16 pairs, summed in float32
+#else
+constexpr bool kDotBf16 = false;
+#endif
+
 constexpr int kMaxG = 8;    // query heads per kv head handled in registers
 constexpr int kMaxDV = 16;  // head_dim / 16 handled in registers (head_dim <= 256)
 
@@ -141,6 +170,7 @@ bool decode_bf16_avx512(const at::BFloat16* q, const at::BFloat16* kc, const at:
                         int64_t max_blocks, float scale) {
   const int64_t G = H / KVH, DV = D / 16;
   if (D % 16 != 0 || DV > kMaxDV || G > kMaxG) return false;
+  const bool dot_bf16 = kDotBf16 && D % 32 == 0;
   // parallel_for hands each thread one contiguous range; decode rows arrive sorted by
   // length, so deal the (request, kv head) pairs out round-robin to balance the work
   const int64_t N = S * KVH, nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
@@ -154,6 +184,13 @@ bool decode_bf16_avx512(const at::BFloat16* q, const at::BFloat16* kc, const at:
       const int64_t w = (i % per) * nt + i / per;
       if (w >= N) continue;
       const int64_t s = w / KVH, h = w % KVH;
+#if defined(__AVX512BF16__)
+      __m512bh qb[kMaxG][kMaxDV / 2];
+      if (dot_bf16)
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t j = 0; j < D / 32; ++j)
+            qb[g][j] = (__m512bh)_mm512_loadu_si512(q + (s * H + h * G + g) * D + 32 * j);
+#endif
       for (int64_t g = 0; g < G; ++g) {
         const at::BFloat16* qs = q + (s * H + h * G + g) * D;
         for (int64_t j = 0; j < DV; ++j) {
@@ -189,23 +226,35 @@ bool decode_bf16_avx512(const at::BFloat16* q, const at::BFloat16* kc, const at:
               _mm_prefetch(reinterpret_cast<const char*>(vc + next[t] + c), _MM_HINT_T0);
             }
         }
-        alignas(64) float sc[kMaxG][16];
-        for (int64_t t = 0; t < n; ++t) {
-          const at::BFloat16* kt = kc + row[t];
-          __m512 kv[kMaxDV];
-          for (int64_t j = 0; j < DV; ++j) kv[j] = load_bf16(kt + 16 * j);
-          for (int64_t g = 0; g < G; ++g) {
-            __m512 a = _mm512_mul_ps(_mm512_load_ps(qf[g]), kv[0]);
-            for (int64_t j = 1; j < DV; ++j) a = _mm512_fmadd_ps(_mm512_load_ps(qf[g] + 16 * j), kv[j], a);
-            sc[g][t] = _mm512_reduce_add_ps(a);
+        // scores of these keys for every query head: lane t of x[g] is q_g · k_t * scale
+        __m512 x[kMaxG];
+        for (int64_t g = 0; g < G; ++g) {
+          __m512 dots[16];
+          for (int64_t t = 0; t < 16; ++t) {
+            __m512 a = _mm512_setzero_ps();
+            if (t < n) {
+              const at::BFloat16* kt = kc + row[t];
+#if defined(__AVX512BF16__)
+              if (dot_bf16) {
+                for (int64_t j = 0; j < D / 32; ++j)
+                  a = _mm512_dpbf16_ps(a, qb[g][j], (__m512bh)_mm512_loadu_si512(kt + 32 * j));
+                dots[t] = a;
+                continue;
+              }
+#endif
+              for (int64_t j = 0; j < DV; ++j)
+                a = _mm512_fmadd_ps(_mm512_load_ps(qf[g] + 16 * j), load_bf16(kt + 16 * j), a);
+            }
+            dots[t] = a;
           }
+          x[g] = dot_bf16 ? _mm512_mul_ps(hsum16(dots), _mm512_set1_ps(scale)) : hsum16(dots);
         }
         const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
         float corr[kMaxG];
         for (int64_t g = 0; g < G; ++g) {
-          const __m512 x = _mm512_maskz_loadu_ps(valid, sc[g]);
-          const float bmax = std::max(m[g], _mm512_mask_reduce_max_ps(valid, x));
-          const __m512 p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(bmax))));
+          const float bmax = std::max(m[g], _mm512_mask_reduce_max_ps(valid, x[g]));
+          const __m512 p =
+              _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(x[g], _mm512_set1_ps(bmax))));
           _mm512_store_ps(prob[g], p);
           corr[g] = std::exp(m[g] - bmax);
           l[g] = l[g] * corr[g] + _mm512_reduce_add_ps(p);
