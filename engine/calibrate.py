@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import compute
+
 GB = 1e9
 GIB = 2**30
 MATMUL_N = 2048
@@ -38,14 +40,19 @@ class Calibration:
 
 
 def calibrate(seconds: float = 3.0, device: str = "cpu") -> Calibration:
-    """Measure bandwidth and FLOP/s on `device` ("cpu" or "cuda") within about `seconds`."""
+    """Measure bandwidth and FLOP/s on `device` ("cpu" or "cuda") within about `seconds`.
+
+    Runs on the compute thread (`engine.compute`), like every engine step: a CPU
+    measurement from any other thread leaves a second OpenMP team behind, which slowed
+    this machine's batch-1 decode steps from ~21 ms to ~35 ms for the rest of the process.
+    """
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' requested but torch.cuda.is_available() is False")
-    return _calibrate_cached(float(seconds), device)
+    return compute.run(_calibrate_cached, float(seconds), device)
 
 
 @functools.lru_cache(maxsize=8)

@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 
+from engine import calibrate as calibrate_module
+from engine import compute
 from engine import hardware as hwm
 from engine.calibrate import Calibration, calibrate
 from engine.hardware import (
@@ -228,3 +230,18 @@ def test_calibrate_measures_this_machine() -> None:
     assert proj.per_user > 0
     with pytest.raises(ValueError, match="seconds must be > 0"):
         calibrate(seconds=0)
+
+
+def test_calibrate_runs_on_the_compute_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From any other thread a CPU measurement would leave a second OpenMP team behind,
+    which slows every later engine step of the process (see engine/compute.py)."""
+    seen = []
+    real = calibrate_module._bandwidth_gbs
+
+    def spy(*args: object) -> float:
+        seen.append(compute.on_compute_thread())
+        return real(*args)
+
+    monkeypatch.setattr(calibrate_module, "_bandwidth_gbs", spy)
+    calibrate(seconds=0.25)  # a duration no other test uses: not served from the cache
+    assert seen == [True]
