@@ -23,13 +23,15 @@ from typing import Any
 
 import torch
 
-from engine import compute
+from engine import compute, hardware
+from engine.calibrate import calibrate
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine, StepStats
 from engine.local import LocalRunner
 from engine.metrics import RequestMetrics, RunSummary, summarize
 from engine.models import native
 from engine.models.session import ModelSession, freeze_heap
+from engine.roofline import machine_profile, mix_floor, model_profile_key
 
 TEXT = (
     "The old lighthouse stood at the edge of the cliff for more than a century, guiding ships "
@@ -287,6 +289,47 @@ def run_local(ctx: BenchContext) -> list[RunResult]:
     return results
 
 
+FLOOR_ELSEWHERE = ("h100", "rtx4090")  # reference hardware the floor ratio is also shown for
+
+
+def roofline_floor(session: ModelSession, reqs: list[BenchRequest],
+                   concurrency: int) -> dict[str, Any] | None:
+    """The mix's roofline floors (`engine.roofline.mix_floor`) on this machine, measured by
+    `engine.calibrate` (about 3 s), and its ratio on reference GPUs; None for a model with
+    no profile in engine/hardware.py."""
+    key = model_profile_key(session.model.spec)
+    if key is None:
+        return None
+    model = session.model
+    cal = calibrate(device="cuda" if model.device.type == "cuda" else "cpu")
+    here = machine_profile(cal, model.dtype)
+    lens = [len(r.prompt_ids) for r in reqs], [r.max_tokens for r in reqs]
+    floor = mix_floor(*lens, concurrency, key, here)
+    return {"concurrency": concurrency, "requests": len(reqs), "bandwidth_gbs": cal.bandwidth_gbs,
+            "tflops": here.peak_tflops, "dtype": str(model.dtype).removeprefix("torch."),
+            "batched_s": floor.batched_s, "sequential_s": floor.sequential_s,
+            "output_tokens": floor.output_tokens, "ratio": floor.ratio,
+            "elsewhere": {hardware.get_hardware(k).name: mix_floor(*lens, concurrency, key, k).ratio
+                          for k in FLOOR_ELSEWHERE}}
+
+
+def floor_lines(floor: dict[str, Any], results: list[RunResult]) -> list[str]:
+    """The floor as printed, with how close the measured runs came to it."""
+    f, tput = floor, {r.name: r.summary.throughput for r in results if r.summary}
+    eng, loc = f"engine@{f['concurrency']}", f"local@{f['requests']}"
+    best = {eng: f["output_tokens"] / f["batched_s"], loc: f["output_tokens"] / f["sequential_s"]}
+    lines = [f"roofline floor of this mix here ({f['bandwidth_gbs']:.1f} GB/s, "
+             f"{f['tflops']:.2f} TFLOPS {f['dtype']}, measured by engine.calibrate; no "
+             f"overheads, no attention FLOPs): {eng} >= {f['batched_s']:.1f} s "
+             f"({best[eng]:.0f} tok/s), {loc} >= {f['sequential_s']:.1f} s ({best[loc]:.0f} "
+             f"tok/s): batching alone can buy {f['ratio']:.1f}x on this machine"]
+    if got := [f"{n} at {tput[n] / best[n]:.0%}" for n in best if n in tput]:
+        lines.append("measured speed as a share of the floor's: " + ", ".join(got))
+    lines.append("the same mix's floor ratio elsewhere: "
+                 + ", ".join(f"{name} {r:.1f}x" for name, r in f["elsewhere"].items()))
+    return lines
+
+
 # The registry of runs, in run order. transformers' continuous batching runs last: its
 # manager computes on a thread of its own, whose OpenMP team outlives it and slows every
 # later run in the process (measured: this engine's batch-1 decode step, 26 ms before it,
@@ -346,11 +389,14 @@ def ratios(results: list[RunResult]) -> dict[str, float]:
     return {f"{a} / {b}": tput[a] / tput[b] for a, b in pairs if a in tput and b in tput}
 
 
-def report(results: list[RunResult]) -> str:
-    """The table, the throughput ratios and each engine run's KV waste, as printed."""
+def report(results: list[RunResult], floor: dict[str, Any] | None = None) -> str:
+    """The table, the throughput ratios, the roofline floor and each engine run's KV waste
+    and step times, as printed."""
     out = [format_table(results)]
     if rat := ratios(results):
         out.append("throughput ratios: " + ", ".join(f"{k} = {v:.2f}x" for k, v in rat.items()))
+    if floor:
+        out += floor_lines(floor, results)
     for r in results:
         if "kv_waste" in r.extra:
             w = r.extra["kv_waste"]
@@ -423,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = list(session.tokenizer(TEXT, add_special_tokens=False)["input_ids"])
     reqs = make_requests(corpus, a.n, a.seed, a.prompt_len, a.max_tok)
     ctx = BenchContext(session, reqs, a.conc)
+    floor = roofline_floor(session, reqs, a.conc[-1])
     dtype = str(session.model.dtype).removeprefix("torch.")
     print(f"model {session.name} on {session.model.device}, dtype {dtype} "
           f"({session.dtype_reason}), {torch.get_num_threads()} threads; {native.status()}")
@@ -447,8 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         results += got
         print(f"run {name} done in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
         if a.json:
-            save_json(a.json, a, session, dtype, results, complete=name == a.only[-1])
-    print("\n" + report(results))
+            save_json(a.json, a, session, dtype, results, floor, complete=name == a.only[-1])
+    print("\n" + report(results, floor))
     return 0
 
 
@@ -469,18 +516,18 @@ def report_saved(paths: list[str]) -> str:
     d = docs[0]
     head = (f"model {d['model']} on {d['device']}, dtype {d['dtype']}, {d['threads']} threads; "
             f"{d['requests']} requests (seed {d['seed']}); from {', '.join(paths)}")
-    return head + "\n\n" + report(results)
+    return head + "\n\n" + report(results, next((d["floor"] for d in docs if d.get("floor")), None))
 
 
 def save_json(path: str, a: argparse.Namespace, session: ModelSession, dtype: str,
-              results: list[RunResult], complete: bool) -> None:
+              results: list[RunResult], floor: dict[str, Any] | None, complete: bool) -> None:
     """Write the figures so far; called after every run, so a killed bench keeps them."""
     doc = {"model": session.name, "device": str(session.model.device), "dtype": dtype,
            "threads": torch.get_num_threads(), "requests": a.n, "seed": a.seed,
            "complete": complete,
            "runs": {r.name: {"summary": r.summary.as_dict() if r.summary else None,
                              "na": r.na, **r.extra} for r in results},
-           "ratios": ratios(results)}
+           "ratios": ratios(results), "floor": floor}
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
 

@@ -1,7 +1,8 @@
 """The roofline of the machine the app runs on, for the model it serves: decode tokens/s in
 total and per user over batch sizes, from `engine.calibrate` (measured bandwidth and matmul
 FLOP/s) and `engine.hardware` (the projection). The sweep page draws it beneath its
-measured points.
+measured points; the benchmark prints `mix_floor`, the fastest any implementation could
+serve its requests here, batched and one at a time.
 """
 
 from __future__ import annotations
@@ -47,10 +48,8 @@ def roofline(calibration: Calibration, model_key: str, dtype: torch.dtype,
     name = str(dtype).removeprefix("torch.")
     nbytes = torch.empty(0, dtype=dtype).element_size()
     fp16 = hardware.PRECISIONS["fp16"]
-    base = hardware.this_machine_profile(calibration)
-    tflops = calibration.tflops_by_dtype.get(name, base.peak_tflops)
-    profile = dataclasses.replace(base, bandwidth_gbs=base.bandwidth_gbs * fp16 / nbytes,
-                                  peak_tflops=tflops)
+    profile = machine_profile(calibration, dtype)
+    tflops = profile.peak_tflops
     out = []
     for b in users:
         p = hardware.decode_tokens_per_s(model_key, "fp16", profile, b, context, fp16)
@@ -65,6 +64,72 @@ def roofline(calibration: Calibration, model_key: str, dtype: torch.dtype,
                 f"{calibration.bandwidth_gbs:.1f} GB/s × 2/{nbytes} bytes; compute roof "
                 f"{tflops:.2f} TFLOPS ({name} matmul, measured)")
     return Roofline(out, "fp16", f"{note}; context {context} tokens.")
+
+
+def machine_profile(calibration: Calibration, dtype: torch.dtype) -> hardware.HardwareProfile:
+    """This machine as an "fp16" profile for weights and KV in `dtype`: bandwidth scaled by
+    2 / bytes per element, compute roof the matmul FLOP/s measured in `dtype`."""
+    name = str(dtype).removeprefix("torch.")
+    nbytes = torch.empty(0, dtype=dtype).element_size()
+    base = hardware.this_machine_profile(calibration)
+    return dataclasses.replace(
+        base, bandwidth_gbs=base.bandwidth_gbs * hardware.PRECISIONS["fp16"] / nbytes,
+        peak_tflops=calibration.tflops_by_dtype.get(name, base.peak_tflops))
+
+
+@dataclass(frozen=True)
+class MixFloor:
+    """The least wall time one request mix can take on one device, by the roofline."""
+
+    hardware: str  # the profile's name
+    batched_s: float  # up to `concurrency` requests per step
+    sequential_s: float  # one request at a time at batch 1, as on the local side
+    output_tokens: int
+
+    @property
+    def ratio(self) -> float:
+        """Batched over one-at-a-time output tokens/s, both at the roofline."""
+        return self.sequential_s / self.batched_s
+
+
+def _step_s(model: hardware.ModelProfile, hw: hardware.HardwareProfile, tokens: int,
+            kv_tokens: int) -> float:
+    """One step: max(weights + KV read / bandwidth, 2 x params x tokens / peak FLOP/s)."""
+    read = hardware.weights_bytes(model) + kv_tokens * hardware.kv_bytes_per_token(model)
+    return max(read / (hw.bandwidth_gbs * 1e9), 2 * model.params * tokens / (hw.peak_tflops * 1e12))
+
+
+def mix_floor(prompt_lens: Sequence[int], output_lens: Sequence[int], concurrency: int,
+              model: hardware.ModelProfile | str, hw: hardware.HardwareProfile | str) -> MixFloor:
+    """Wall-time floors for requests that all arrive at once, with fp16 weights and KV.
+
+    Batched: first come, first served, at most `concurrency` running; a request's whole
+    prompt is computed in the step that admits it (which also yields its first token), then
+    one token per step. Sequential: the same steps at batch 1, request after request. Each
+    step takes `_step_s`: no attention FLOPs, no overheads, so no implementation on this
+    hardware is faster, and the ratio is what batching alone can buy here.
+    """
+    if len(prompt_lens) != len(output_lens) or not prompt_lens:
+        raise ValueError("prompt_lens and output_lens must be non-empty and of one length")
+    if min(prompt_lens) < 1 or min(output_lens) < 1:
+        raise ValueError("prompt_lens and output_lens must be >= 1")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    m, h = hardware.get_model(model), hardware.get_hardware(hw)
+    sequential = 0.0
+    for p, n in zip(prompt_lens, output_lens, strict=True):
+        sequential += _step_s(m, h, p, p) + sum(_step_s(m, h, 1, c) for c in range(p, p + n - 1))
+    waiting = list(range(len(prompt_lens)))[::-1]
+    running: dict[int, int] = {}  # request -> tokens in its context
+    batched = 0.0
+    while waiting or running:
+        new = [waiting.pop() for _ in range(min(len(waiting), concurrency - len(running)))]
+        tokens = len(running) + sum(prompt_lens[i] for i in new)
+        batched += _step_s(m, h, tokens, sum(running.values()) + sum(prompt_lens[i] for i in new))
+        running = {i: c + 1 for i, c in running.items()} | {i: prompt_lens[i] for i in new}
+        running = {i: c for i, c in running.items()
+                   if c - prompt_lens[i] + 1 < output_lens[i]}  # tokens out so far: c - p + 1
+    return MixFloor(h.name, batched, sequential, sum(output_lens))
 
 
 def user_grid(levels: Sequence[float], num: int = 41) -> list[int]:

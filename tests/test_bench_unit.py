@@ -110,3 +110,16 @@ def test_step_breakdown_fits_fixed_plus_per_sequence_cost():
 def test_step_breakdown_without_two_batch_sizes_has_no_fit():
     t = step_breakdown([_fake_step(8, 0.03), _fake_step(8, 0.031)])
     assert "fixed_ms" not in t and t["decode_s"] == pytest.approx(0.061)
+
+
+def test_report_prints_the_roofline_floor_and_the_share_reached():
+    results = [_run("engine@4", 0.01), _run("local@4", 0.04)]  # 400 and 100 tok/s
+    floor = {"concurrency": 4, "requests": 4, "bandwidth_gbs": 40.0, "tflops": 0.4,
+             "dtype": "bfloat16", "batched_s": 0.025, "sequential_s": 0.1, "output_tokens": 20,
+             "ratio": 4.0, "elsewhere": {"H100 SXM 80 GB": 9.5}}
+    text = report(results, floor)
+    assert "engine@4 >= 0.0 s (800 tok/s), local@4 >= 0.1 s (200 tok/s)" in text
+    assert "batching alone can buy 4.0x on this machine" in text
+    assert "engine@4 at 50%, local@4 at 50%" in text
+    assert "H100 SXM 80 GB 9.5x" in text
+    assert "floor" not in report(results)

@@ -3,12 +3,14 @@ as engine/hardware.py, with float32 read as twice the bytes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine import hardware
 from engine.calibrate import Calibration
-from engine.roofline import model_profile_key, roofline, user_grid
+from engine.roofline import mix_floor, model_profile_key, roofline, user_grid
 
 # Made-up machine figures for the pure roofline helper (nothing here was measured).
 FAKE_CALIBRATION = Calibration(
@@ -46,3 +48,54 @@ def test_the_bundled_model_has_a_hardware_profile(session):
     assert model_profile_key(session.model.spec) == "smollm2-135m"
 
 
+
+
+def _profile(bandwidth_gbs: float, tflops: float) -> hardware.HardwareProfile:
+    """A made-up device for the floor's arithmetic."""
+    return dataclasses.replace(hardware.HARDWARE["h100"], bandwidth_gbs=bandwidth_gbs,
+                               peak_tflops=tflops)
+
+
+def _step(model: str, hw: hardware.HardwareProfile, tokens: int, kv_tokens: int) -> float:
+    """The roofline step of DESIGN.md, written out again for the test."""
+    m = hardware.MODELS[model]
+    read = m.params * 2 + kv_tokens * hardware.kv_bytes_per_token(m)
+    return max(read / (hw.bandwidth_gbs * 1e9), 2 * m.params * tokens / (hw.peak_tflops * 1e12))
+
+
+def test_mix_floor_of_one_request_is_its_prefill_step_then_its_decode_steps():
+    hw = _profile(30.0, 0.4)
+    floor = mix_floor([4], [3], 8, "smollm2-135m", hw)
+    # prefill: 4 tokens, first token out; then 2 decode steps reading 4 and 5 tokens of KV
+    want = sum(_step("smollm2-135m", hw, t, kv) for t, kv in ((4, 4), (1, 4), (1, 5)))
+    assert floor.sequential_s == pytest.approx(want)
+    assert floor.batched_s == pytest.approx(want)
+    assert floor.ratio == pytest.approx(1.0) and floor.output_tokens == 3
+
+
+def test_mix_floor_at_concurrency_1_is_the_sequential_floor():
+    prompts, outs = [5, 50, 300, 7], [16, 3, 40, 1]
+    floor = mix_floor(prompts, outs, 1, "smollm2-135m", _profile(30.0, 0.4))
+    assert floor.batched_s == pytest.approx(floor.sequential_s)
+
+
+def test_mix_floor_ratio_is_the_batch_where_memory_bound_and_1_where_compute_bound():
+    prompts, outs = [1] * 8, [200] * 8
+    memory_bound = mix_floor(prompts, outs, 8, "smollm2-135m", _profile(30.0, 1000.0))
+    assert 7.0 < memory_bound.ratio <= 8.0  # 8 users share each read of the weights
+    compute_bound = mix_floor(prompts, outs, 8, "smollm2-135m", _profile(1e6, 0.1))
+    assert compute_bound.ratio == pytest.approx(1.0, rel=1e-3)  # batching buys nothing
+    capped = mix_floor(prompts, outs, 2, "smollm2-135m", _profile(30.0, 1000.0))
+    assert 1.5 < capped.ratio <= 2.0  # at most 2 at once
+
+
+def test_mix_floor_rejects_bad_input():
+    hw = _profile(30.0, 0.4)
+    with pytest.raises(ValueError, match="concurrency"):
+        mix_floor([4], [3], 0, "smollm2-135m", hw)
+    with pytest.raises(ValueError, match="one length"):
+        mix_floor([4, 5], [3], 1, "smollm2-135m", hw)
+    with pytest.raises(ValueError, match=">= 1"):
+        mix_floor([0], [3], 1, "smollm2-135m", hw)
+    with pytest.raises(ValueError, match="unknown"):
+        mix_floor([4], [3], 1, "no-such-model", hw)
