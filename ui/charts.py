@@ -5,7 +5,9 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-SIDE_SCALE = alt.Scale(domain=["Local PC", "Datacenter"], range=["#e4572e", "#2e86de"])
+from ui.palette import DATACENTER, DATACENTER_COLOR, LOCAL, LOCAL_COLOR
+
+SIDE_SCALE = alt.Scale(domain=[LOCAL, DATACENTER], range=[LOCAL_COLOR, DATACENTER_COLOR])
 # Streamlit fits a whole chart (title, two legend rows and axes included) in its height;
 # 400 px leaves a plot of ~210 px (at 260 it was ~60 px).
 HEIGHT = 400
@@ -55,7 +57,7 @@ def kv_chart(df: pd.DataFrame) -> alt.Chart:
 def batch_chart(df: pd.DataFrame) -> alt.Chart:
     """Sequences per datacenter engine step: the batch continuous batching builds."""
     return alt.Chart(df, title="Datacenter batch size per step", height=HEIGHT).mark_line(
-        interpolate="step-after", color="#2e86de", strokeWidth=2).encode(
+        interpolate="step-after", color=DATACENTER_COLOR, strokeWidth=2).encode(
         x=alt.X("t:Q", title="seconds since the datacenter's start"),
         y=alt.Y("num_seqs:Q", title="sequences in the step"),
     )

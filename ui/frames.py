@@ -15,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.race import RaceSnapshot
+from ui.palette import SIDE_NAMES
 
-SIDE_NAMES = {"local": "Local PC", "datacenter": "Datacenter"}
 ROW_COLUMNS = ["side", "user", "you", "ttft_s", "tpot_s", "e2e_s", "queue_s", "tokens",
                "tokens_per_s", "finish_reason"]
 METRICS = {"ttft_s": "TTFT", "e2e_s": "end-to-end"}

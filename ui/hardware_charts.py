@@ -9,13 +9,14 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from ui.palette import ACCENT, DATACENTER_COLOR, INK, LOCAL_COLOR
+
 PARTS = ["weights", "KV cache"]
-PART_SCALE = alt.Scale(domain=PARTS, range=["#2e86de", "#f3a712"])
+PART_SCALE = alt.Scale(domain=PARTS, range=[DATACENTER_COLOR, ACCENT])
 SERIES = ["per user", "total"]
-SERIES_SCALE = alt.Scale(domain=SERIES, range=["#e4572e", "#2e86de"])
+SERIES_SCALE = alt.Scale(domain=SERIES, range=[LOCAL_COLOR, DATACENTER_COLOR])
 BATCH_DOMAIN = [1, 1024]
-OFFLOAD_COLOR = "#e4572e"
-INK = "#111827"
+OFFLOAD_COLOR = LOCAL_COLOR
 # Streamlit fits a whole chart (title, legend and axes included) in its height, so text
 # is placed from the top of the plot, whose own height is not known here.
 HEIGHT = 380

@@ -43,6 +43,7 @@ from engine.hardware import (
     this_machine_profile,
 )
 from ui.hardware_charts import PARTS, SERIES, decode_chart, fit_chart
+from ui.palette import LOCAL
 
 KEY_MODEL, KEY_PRECISION, KEY_HARDWARE = "hw_model", "hw_precision", "hw_hardware"
 KEY_CONTEXT, KEY_BATCH, KEY_ANSWER = "hw_context", "hw_batch", "hw_answer"
@@ -314,7 +315,7 @@ def reference_tables(choice: Choice) -> None:
                                "source"],
                  column_config={
                      "hardware": "Hardware",
-                     "local": st.column_config.CheckboxColumn("Local PC"),
+                     "local": st.column_config.CheckboxColumn(LOCAL),
                      "fits": st.column_config.CheckboxColumn("Fits"),
                      "tokens_per_s_user": st.column_config.NumberColumn(
                          "Tokens/s per user (batch 1)", format="%.1f"),

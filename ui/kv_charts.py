@@ -12,15 +12,14 @@ import altair as alt
 import pandas as pd
 
 from ui.kv_frames import GRID_COLUMNS
+from ui.palette import ACCENT, DATACENTER_COLOR, INK
 
 MAP_WIDTH_PX = 576  # about half a wide page: a row's height is this over the columns
 HEIGHT = 360  # the whole chart: title, legends and axes fit in it too (Streamlit)
-INK = "#111827"
-LINE_COLOR = "#2e86de"
 TITLE_PX, SUBTITLE_PX = 18, 14
 PREEMPT_COLOR = "#d62728"
 KINDS = ["prefill", "decode"]
-KIND_SCALE = alt.Scale(domain=KINDS, range=["#f3a712", "#2e86de"])
+KIND_SCALE = alt.Scale(domain=KINDS, range=[ACCENT, DATACENTER_COLOR])
 
 
 def _title(text: str, subtitle: list[str]) -> alt.Title:
@@ -122,8 +121,8 @@ def waste_chart(df: pd.DataFrame) -> alt.LayerChart:
     y = alt.Y("waste:Q", title="reserved slots left empty", axis=alt.Axis(format="%"),
               scale=alt.Scale(padding=0))
     tooltip = ["block_size:Q", alt.Tooltip("waste:Q", format=".1%")]
-    line = alt.Chart().mark_line(point=alt.OverlayMarkDef(color=LINE_COLOR, size=60),
-                                 strokeWidth=3, color=LINE_COLOR).encode(
+    line = alt.Chart().mark_line(point=alt.OverlayMarkDef(color=DATACENTER_COLOR, size=60),
+                                 strokeWidth=3, color=DATACENTER_COLOR).encode(
         x=x, y=y, tooltip=tooltip)
     chosen = "datum.chosen"
     rule = alt.Chart().mark_rule(color=INK, strokeDash=[6, 3], strokeWidth=2).encode(

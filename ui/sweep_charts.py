@@ -12,10 +12,11 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-SIDE_NAMES = {"local": "Local PC", "datacenter": "Datacenter"}
-SIDES = ["Local PC", "Datacenter"]
+from ui.palette import DATACENTER, DATACENTER_COLOR, LOCAL, LOCAL_COLOR, SIDE_NAMES
+
+SIDES = [LOCAL, DATACENTER]
 ROOF = "Roofline: this machine"
-COLORS = {"Local PC": "#e4572e", "Datacenter": "#2e86de", ROOF: "#6b7280"}
+COLORS = {LOCAL: LOCAL_COLOR, DATACENTER: DATACENTER_COLOR, ROOF: "#6b7280"}
 PERCENTILES = ["p50", "p99"]
 X_TITLES = {"users": "concurrent users (log scale)",
             "rate_rps": "arrival rate, requests/s (log scale)"}

@@ -37,6 +37,7 @@ from engine.sweep import (
 from ui import shared
 from ui import sweep_charts as charts
 from ui.hardware_view import fmt_number, fmt_seconds, this_machine
+from ui.palette import DATACENTER, LOCAL
 from ui.presets import chat, load_presets
 
 KEY_SWEEP = shared.SWEEP_KEY
@@ -218,7 +219,7 @@ def _side(points: pd.DataFrame, name: str) -> pd.DataFrame:
 
 def summary_sentence(points: pd.DataFrame, x: str) -> str:
     """One sentence from the measured points: how each side's total moved with load."""
-    dc, loc = _side(points, "Datacenter"), _side(points, "Local PC")
+    dc, loc = _side(points, DATACENTER), _side(points, LOCAL)
     if dc.empty or loc.empty:
         return "Done."
     y, unit = "throughput_tokens_per_s", UNITS[x]
@@ -233,7 +234,7 @@ def summary_sentence(points: pd.DataFrame, x: str) -> str:
 def headline(points: pd.DataFrame, x: str) -> None:
     """Best datacenter total, the local range, and the ratio at the largest shared load."""
     a, b, c = st.columns(3)
-    dc, loc = _side(points, "Datacenter"), _side(points, "Local PC")
+    dc, loc = _side(points, DATACENTER), _side(points, LOCAL)
     y, unit = "throughput_tokens_per_s", UNITS[x]
     if dc.empty:
         a.metric("Datacenter, best total tokens/s", "—")
@@ -334,7 +335,7 @@ def calculator(points: pd.DataFrame, x: str) -> None:
                                 key="sweep_each"))
     active = max(1, math.ceil(connected * share / 100))
     needed = aggregate_tokens_per_s(active, each)
-    dc, loc = _side(points, "Datacenter"), _side(points, "Local PC")
+    dc, loc = _side(points, DATACENTER), _side(points, LOCAL)
     y = "throughput_tokens_per_s"
     if dc.empty:
         st.info(f"{connected:,} connected users, {share}% active: {active:,} requests in "
