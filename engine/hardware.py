@@ -51,6 +51,20 @@ class ModelProfile:
     num_kv_heads: int
     head_dim: int
     context: int  # native context window
+    vocab_size: int = 0
+    tied_embeddings: bool = False  # the LM head reuses the embedding table
+
+    def matmul_params(self, logits: bool = True) -> int:
+        """Weights one token is multiplied by: every layer's, plus the LM head when its
+        logits are needed (a prompt token's are not, but the last one's). The embedding
+        table is only looked up."""
+        table = self.vocab_size * self.hidden_size
+        body = self.params - (table if self.tied_embeddings else 2 * table)
+        return body + table if logits else body
+
+    def streamed_params(self) -> int:
+        """Weights a decode step reads in full: all but an untied embedding table."""
+        return self.params - (0 if self.tied_embeddings else self.vocab_size * self.hidden_size)
 
 
 _HW = [
@@ -89,14 +103,15 @@ _HW = [
 ]
 HARDWARE: dict[str, HardwareProfile] = {h.key: h for h in _HW}
 
-_MODELS = [  # parameter counts as reported by the Hugging Face checkpoints
-    ModelProfile("smollm2-135m", "SmolLM2-135M", 134_515_008, 30, 576, 3, 64, 8192),
-    ModelProfile("llama-2-7b", "Llama-2-7B", 6_738_415_616, 32, 4096, 32, 128, 4096),
-    ModelProfile("llama-2-13b", "Llama-2-13B", 13_015_864_320, 40, 5120, 40, 128, 4096),
-    ModelProfile("llama-3-8b", "Llama-3-8B", 8_030_261_248, 32, 4096, 8, 128, 8192),
-    ModelProfile("llama-2-70b", "Llama-2-70B", 68_976_648_192, 80, 8192, 8, 128, 4096),
-    ModelProfile("llama-3-70b", "Llama-3-70B", 70_553_706_496, 80, 8192, 8, 128, 8192),
-    ModelProfile("llama-3.1-405b", "Llama-3.1-405B", 405_000_000_000, 126, 16384, 8, 128, 131072),
+_MODELS = [  # parameter counts and vocabularies as in the Hugging Face checkpoints
+    ModelProfile("smollm2-135m", "SmolLM2-135M", 134_515_008, 30, 576, 3, 64, 8192, 49152, True),
+    ModelProfile("llama-2-7b", "Llama-2-7B", 6_738_415_616, 32, 4096, 32, 128, 4096, 32000),
+    ModelProfile("llama-2-13b", "Llama-2-13B", 13_015_864_320, 40, 5120, 40, 128, 4096, 32000),
+    ModelProfile("llama-3-8b", "Llama-3-8B", 8_030_261_248, 32, 4096, 8, 128, 8192, 128256),
+    ModelProfile("llama-2-70b", "Llama-2-70B", 68_976_648_192, 80, 8192, 8, 128, 4096, 32000),
+    ModelProfile("llama-3-70b", "Llama-3-70B", 70_553_706_496, 80, 8192, 8, 128, 8192, 128256),
+    ModelProfile("llama-3.1-405b", "Llama-3.1-405B", 405_000_000_000, 126, 16384, 8, 128, 131072,
+                 128256),
 ]
 MODELS: dict[str, ModelProfile] = {m.key: m for m in _MODELS}
 

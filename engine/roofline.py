@@ -92,11 +92,17 @@ class MixFloor:
         return self.sequential_s / self.batched_s
 
 
-def _step_s(model: hardware.ModelProfile, hw: hardware.HardwareProfile, tokens: int,
+def _step_s(model: hardware.ModelProfile, hw: hardware.HardwareProfile, flops: float,
             kv_tokens: int) -> float:
-    """One step: max(weights + KV read / bandwidth, 2 x params x tokens / peak FLOP/s)."""
-    read = hardware.weights_bytes(model) + kv_tokens * hardware.kv_bytes_per_token(model)
-    return max(read / (hw.bandwidth_gbs * 1e9), 2 * model.params * tokens / (hw.peak_tflops * 1e12))
+    """One step: max(streamed weights + KV read / bandwidth, its matmul FLOPs / peak)."""
+    read = (model.streamed_params() * hardware.PRECISIONS["fp16"]
+            + kv_tokens * hardware.kv_bytes_per_token(model))
+    return max(read / (hw.bandwidth_gbs * 1e9), flops / (hw.peak_tflops * 1e12))
+
+
+def _prompt_flops(model: hardware.ModelProfile, tokens: int) -> float:
+    """A whole prompt's matmuls: logits for its last token only."""
+    return 2 * ((tokens - 1) * model.matmul_params(logits=False) + model.matmul_params())
 
 
 def mix_floor(prompt_lens: Sequence[int], output_lens: Sequence[int], concurrency: int,
@@ -105,9 +111,9 @@ def mix_floor(prompt_lens: Sequence[int], output_lens: Sequence[int], concurrenc
 
     Batched: first come, first served, at most `concurrency` running; a request's whole
     prompt is computed in the step that admits it (which also yields its first token), then
-    one token per step. Sequential: the same steps at batch 1, request after request. Each
-    step takes `_step_s`: no attention FLOPs, no overheads, so no implementation on this
-    hardware is faster, and the ratio is what batching alone can buy here.
+    one token per step. Sequential: the same steps at batch 1, request after request. A
+    step takes `_step_s`, with matmul FLOPs only (no attention, no overheads) and every
+    prompt token computed (no prefix cache), so the ratio is what batching alone can buy.
     """
     if len(prompt_lens) != len(output_lens) or not prompt_lens:
         raise ValueError("prompt_lens and output_lens must be non-empty and of one length")
@@ -116,16 +122,18 @@ def mix_floor(prompt_lens: Sequence[int], output_lens: Sequence[int], concurrenc
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     m, h = hardware.get_model(model), hardware.get_hardware(hw)
+    token = 2 * m.matmul_params()  # FLOPs of one decode token
     sequential = 0.0
     for p, n in zip(prompt_lens, output_lens, strict=True):
-        sequential += _step_s(m, h, p, p) + sum(_step_s(m, h, 1, c) for c in range(p, p + n - 1))
+        sequential += _step_s(m, h, _prompt_flops(m, p), p)
+        sequential += sum(_step_s(m, h, token, c) for c in range(p, p + n - 1))
     waiting = list(range(len(prompt_lens)))[::-1]
     running: dict[int, int] = {}  # request -> tokens in its context
     batched = 0.0
     while waiting or running:
         new = [waiting.pop() for _ in range(min(len(waiting), concurrency - len(running)))]
-        tokens = len(running) + sum(prompt_lens[i] for i in new)
-        batched += _step_s(m, h, tokens, sum(running.values()) + sum(prompt_lens[i] for i in new))
+        flops = len(running) * token + sum(_prompt_flops(m, prompt_lens[i]) for i in new)
+        batched += _step_s(m, h, flops, sum(running.values()) + sum(prompt_lens[i] for i in new))
         running = {i: c + 1 for i, c in running.items()} | {i: prompt_lens[i] for i in new}
         running = {i: c for i, c in running.items()
                    if c - prompt_lens[i] + 1 < output_lens[i]}  # tokens out so far: c - p + 1

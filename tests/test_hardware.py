@@ -245,3 +245,13 @@ def test_calibrate_runs_on_the_compute_thread(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(calibrate_module, "_bandwidth_gbs", spy)
     calibrate(seconds=0.25)  # a duration no other test uses: not served from the cache
     assert seen == [True]
+
+
+def test_matmul_params_count_the_lm_head_only_where_logits_are_needed() -> None:
+    small, big = MODELS["smollm2-135m"], MODELS["llama-2-7b"]
+    # SmolLM2 ties its LM head to the embedding table: every weight is read each step
+    assert small.matmul_params() == small.params == small.streamed_params()
+    assert small.matmul_params(logits=False) == small.params - 49152 * 576
+    # Llama-2 has both a table (looked up) and an LM head (multiplied) of 32000 x 4096
+    assert big.streamed_params() == big.matmul_params() == big.params - 32000 * 4096
+    assert big.matmul_params(logits=False) == big.params - 2 * 32000 * 4096

@@ -56,11 +56,14 @@ def _profile(bandwidth_gbs: float, tflops: float) -> hardware.HardwareProfile:
                                peak_tflops=tflops)
 
 
-def _step(model: str, hw: hardware.HardwareProfile, tokens: int, kv_tokens: int) -> float:
-    """The roofline step of DESIGN.md, written out again for the test."""
+def _step(model: str, hw: hardware.HardwareProfile, prompt: int, kv_tokens: int) -> float:
+    """The roofline step of DESIGN.md, written out again for the test: SmolLM2 ties its
+    LM head to the embedding table (576 x 49152), whose matmul only the last prompt
+    token (or a decode token, prompt=1) needs."""
     m = hardware.MODELS[model]
+    flops = 2 * (m.params * prompt - (prompt - 1) * 576 * 49152)
     read = m.params * 2 + kv_tokens * hardware.kv_bytes_per_token(m)
-    return max(read / (hw.bandwidth_gbs * 1e9), 2 * m.params * tokens / (hw.peak_tflops * 1e12))
+    return max(read / (hw.bandwidth_gbs * 1e9), flops / (hw.peak_tflops * 1e12))
 
 
 def test_mix_floor_of_one_request_is_its_prefill_step_then_its_decode_steps():
@@ -71,6 +74,10 @@ def test_mix_floor_of_one_request_is_its_prefill_step_then_its_decode_steps():
     assert floor.sequential_s == pytest.approx(want)
     assert floor.batched_s == pytest.approx(want)
     assert floor.ratio == pytest.approx(1.0) and floor.output_tokens == 3
+    long = mix_floor([300], [2], 8, "smollm2-135m", hw)  # a compute-bound prefill step
+    assert long.sequential_s == pytest.approx(
+        _step("smollm2-135m", hw, 300, 300) + _step("smollm2-135m", hw, 1, 300))
+    assert _step("smollm2-135m", hw, 300, 300) > 2 * _step("smollm2-135m", hw, 1, 300)
 
 
 def test_mix_floor_at_concurrency_1_is_the_sequential_floor():
