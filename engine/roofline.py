@@ -1,8 +1,8 @@
 """The roofline of the machine the app runs on, for the model it serves: decode tokens/s in
 total and per user over batch sizes, from `engine.calibrate` (measured bandwidth and matmul
 FLOP/s) and `engine.hardware` (the projection). The sweep page draws it beneath its
-measured points; the benchmark prints `mix_floor`, the fastest any implementation could
-serve its requests here, batched and one at a time.
+measured points; the benchmark prints `mix_floor`, the least time its requests could take
+here (every prompt token computed), batched and one at a time.
 """
 
 from __future__ import annotations
