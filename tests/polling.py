@@ -6,8 +6,9 @@ import time
 from collections.abc import Callable
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 60.0) -> None:
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0,
+             message: str = "timed out", interval: float = 0.02) -> None:
     end = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
+        assert time.monotonic() < end, message
+        time.sleep(interval)

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
 
@@ -191,20 +192,14 @@ def test_a_closed_tab_cancels_its_race_and_frees_its_blocks(server, browser):
     set_up_race(page, "Write a long story about a lighthouse keeper.", users=64,
                 max_tokens=1024)
     click_run(page)
-    wait_until(lambda: (strip_counts(page) or (0, 0, 0))[2] > 0, 60, "the race never started")
+    wait_for(lambda: (strip_counts(page) or (0, 0, 0))[2] > 0, 60, "the race never started",
+             interval=0.25)
     page.context.close()  # the websocket closes; the race is abandoned 5 s later
     watcher = open_arena(browser, server)
-    wait_until(lambda: strip_counts(watcher) == (0, 0, 0)
-               and "KV blocks used: 0/" in watcher.locator(".st-key-status-strip").inner_text(),
-               60, "the closed tab's requests still run or hold KV blocks")
+    wait_for(lambda: strip_counts(watcher) == (0, 0, 0)
+             and "KV blocks used: 0/" in watcher.locator(".st-key-status-strip").inner_text(),
+             60, "the closed tab's requests still run or hold KV blocks", interval=0.25)
     watcher.context.close()
-
-
-def wait_until(check, timeout_s: float, message: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.25)
 
 
 def answers(page) -> list[str]:

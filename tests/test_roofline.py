@@ -48,8 +48,6 @@ def test_the_bundled_model_has_a_hardware_profile(session):
     assert model_profile_key(session.model.spec) == "smollm2-135m"
 
 
-
-
 def _profile(bandwidth_gbs: float, tflops: float) -> hardware.HardwareProfile:
     """A made-up device for the floor's arithmetic."""
     return dataclasses.replace(hardware.HARDWARE["h100"], bandwidth_gbs=bandwidth_gbs,
