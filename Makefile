@@ -37,4 +37,4 @@ lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: setup
-	$(BIN)/python -m engine.bench
+	$(BIN)/python -m measure.bench

@@ -3,14 +3,14 @@
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine, EngineStats, StepStats
 from engine.metrics import RequestMetrics, summarize
-from engine.models.session import ModelSession
+from engine.models.loaded import LoadedModel
 from engine.outputs import RequestHandle, RequestOutput
 
 __all__ = [
     "Engine",
     "EngineConfig",
     "EngineStats",
-    "ModelSession",
+    "LoadedModel",
     "RequestHandle",
     "RequestMetrics",
     "RequestOutput",

@@ -20,7 +20,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
 from engine.metrics import RequestMetrics
-from engine.models.session import ModelSession, Prompt
+from engine.models.loaded import LoadedModel, Prompt
 from engine.outputs import RequestHandle
 from engine.runner import ModelRunner
 from engine.sampler import make_generator
@@ -72,14 +72,14 @@ class Engine(ServingBase):
     """Continuous batching over a paged KV cache. Use as a context manager or call
     `shutdown()` when done."""
 
-    def __init__(self, config: EngineConfig | None = None, *, session: ModelSession | None = None):
-        """Load the model (or share an already loaded `session`, whose model, device and
+    def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None):
+        """Load the model (or share an already `loaded` model, whose model, device and
         dtype then take the place of the config's), size the KV pool, start the loop."""
         self.config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.session = session or ModelSession.load(config.model, config.device, config.dtype)
-        spec = self.session.model.spec
+        self.loaded = loaded or LoadedModel.load(config.model, config.device, config.dtype)
+        spec = self.loaded.model.spec
         self.max_model_len = min(config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)
         num_blocks = config.num_kv_blocks or self._blocks_for_budget()
@@ -90,7 +90,7 @@ class Engine(ServingBase):
             )
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.session.model, num_blocks, config.block_size)
+        self.runner = ModelRunner(self.loaded.model, num_blocks, config.block_size)
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._inbox: list[Sequence] = []
@@ -107,7 +107,7 @@ class Engine(ServingBase):
 
     # ---- set-up --------------------------------------------------------------------
     def _blocks_for_budget(self) -> int:
-        cfg, model = self.config, self.session.model
+        cfg, model = self.config, self.loaded.model
         per_block = model.spec.kv_bytes_per_token(model.dtype) * cfg.block_size
         if cfg.kv_cache_memory_gb is not None:
             budget = cfg.kv_cache_memory_gb * 2**30
@@ -120,7 +120,7 @@ class Engine(ServingBase):
 
     @property
     def tokenizer(self):
-        return self.session.tokenizer
+        return self.loaded.tokenizer
 
     @property
     def pool_tokens(self) -> int:
@@ -134,10 +134,10 @@ class Engine(ServingBase):
         with self._state_lock:
             sch = self.scheduler
             return EngineStats(
-                model=self.session.name,
-                device=str(self.session.model.device),
-                dtype=str(self.session.model.dtype).removeprefix("torch."),
-                dtype_reason=self.session.dtype_reason,
+                model=self.loaded.name,
+                device=str(self.loaded.model.device),
+                dtype=str(self.loaded.model.dtype).removeprefix("torch."),
+                dtype_reason=self.loaded.dtype_reason,
                 num_running=len(sch.running),
                 num_waiting=len(sch.waiting) + len(self._inbox),
                 running_ids=tuple(s.request_id for s in sch.running),
@@ -182,7 +182,7 @@ class Engine(ServingBase):
     ) -> list[RequestHandle]:
         seqs = []
         for prompt, p, rid in zip(prompts, params, ids, strict=True):
-            token_ids = self.session.encode(prompt)
+            token_ids = self.loaded.encode(prompt)
             self._validate(token_ids, p)
             rid = rid or f"req-{next(self._ids)}"
             seq = Sequence(rid, token_ids, p, RequestMetrics(arrival_time=0.0))
@@ -276,7 +276,7 @@ class Engine(ServingBase):
     ) -> KVCacheStats:
         """Apply a step's results; return the KV stats as the step left them (before
         finished requests free their blocks)."""
-        eos = self.session.eos_token_ids
+        eos = self.loaded.eos_token_ids
         for seq, n in batch.entries:
             seq.num_computed_tokens += n
             self.kv.record_computed(seq.request_id, seq.token_ids, seq.num_computed_tokens)

@@ -22,12 +22,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
-from engine import hardware
 from engine.config import SamplingParams
 from engine.detokenizer import IncrementalDetokenizer
 from engine.metrics import RequestMetrics
-from engine.models.session import ModelSession, Prompt
+from engine.models.loaded import LoadedModel, Prompt
 from engine.outputs import RequestHandle
 from engine.runner import ModelRunner
 from engine.sampler import make_generator
@@ -39,28 +39,15 @@ LOCAL_BLOCK = 16
 PREFILL_CHUNK = 512  # llama.cpp's default micro-batch for prompt processing
 
 
-@dataclass(frozen=True)
-class Emulation:
-    """Projected speed of a (device, model) pair that local tokens are paced to."""
+class Pacing(Protocol):
+    """A projected device speed that local tokens are released no faster than (see
+    `measure.hardware.Emulation`)."""
 
-    device_profile: str
-    model_profile: str
-    precision: str
+    label: str
 
-    @property
-    def label(self) -> str:
-        hw = hardware.get_hardware(self.device_profile)
-        model = hardware.get_model(self.model_profile)
-        return f"emulated: {model.name} {self.precision} on {hw.name} (projected)"
+    def prefill_seconds(self, prompt_tokens: int) -> float: ...
 
-    def decode_seconds(self, context: int) -> float:
-        proj = hardware.decode_tokens_per_s(
-            self.model_profile, self.precision, self.device_profile, batch=1, context=context)
-        return 1.0 / proj.per_user
-
-    def prefill_seconds(self, prompt_tokens: int) -> float:
-        return hardware.prefill_seconds(
-            self.model_profile, self.precision, self.device_profile, prompt_tokens)
+    def decode_seconds(self, context: int) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -88,37 +75,27 @@ class LocalStats:
         return len(self.waiting_ids)
 
 
-class LocalRunner(ServingBase):
+class LocalPC(ServingBase):
     """Same surface as `Engine`: generate, submit (streaming handle), cancel, stats, shutdown."""
 
     def __init__(
-        self, session: ModelSession | None = None, *, n_ctx: int = 2048,
-        device_profile: str | None = None, model_profile: str | None = None,
-        precision: str = "fp16", model: str | None = None, device: str = "auto",
+        self, loaded: LoadedModel | None = None, *, n_ctx: int = 2048,
+        pacing: Pacing | None = None, model: str | None = None, device: str = "auto",
         dtype: str = "auto",
     ) -> None:
         if not isinstance(n_ctx, int) or n_ctx < 2:
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
-        if (device_profile is None) != (model_profile is None):
-            raise ValueError("device_profile and model_profile: give both or neither")
-        self.emulation: Emulation | None = None
-        if device_profile is not None:
-            hardware.get_hardware(device_profile)  # raises ValueError naming the field
-            hardware.get_model(model_profile)
-            if precision not in hardware.PRECISIONS:
-                raise ValueError(
-                    f"precision: unknown {precision!r} (known: {', '.join(hardware.PRECISIONS)})")
-            self.emulation = Emulation(device_profile, model_profile, precision)
-        self.session = session or ModelSession.load(model, device, dtype)
-        spec = self.session.model.spec
+        self.pacing = pacing
+        self.loaded = loaded or LoadedModel.load(model, device, dtype)
+        spec = self.loaded.model.spec
         if n_ctx > spec.max_position_embeddings:
             raise ValueError(
                 f"n_ctx must be <= the model context of {spec.max_position_embeddings}, "
                 f"got {n_ctx}")
         self.n_ctx = n_ctx
-        self.kv_bytes_per_token = spec.kv_bytes_per_token(self.session.model.dtype)
+        self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
         num_blocks = -(-n_ctx // LOCAL_BLOCK)
-        self.runner = ModelRunner(self.session.model, num_blocks, LOCAL_BLOCK)
+        self.runner = ModelRunner(self.loaded.model, num_blocks, LOCAL_BLOCK)
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._queue: deque[tuple[Sequence, RequestHandle]] = deque()
@@ -134,8 +111,8 @@ class LocalRunner(ServingBase):
             cur = self._current
             used = cur.num_computed_tokens if cur is not None else 0
             return LocalStats(
-                model=self.session.name,
-                device=str(self.session.model.device),
+                model=self.loaded.name,
+                device=str(self.loaded.model.device),
                 n_ctx=self.n_ctx,
                 kv_bytes_per_token=self.kv_bytes_per_token,
                 running_id=cur.request_id if cur is not None else None,
@@ -144,7 +121,7 @@ class LocalRunner(ServingBase):
                 kv_used_bytes=used * self.kv_bytes_per_token,
                 num_finished=self._num_finished,
                 num_output_tokens=self._num_output_tokens,
-                emulated=self.emulation.label if self.emulation else None,
+                emulated=self.pacing.label if self.pacing else None,
             )
 
     def shutdown(self) -> None:
@@ -152,7 +129,7 @@ class LocalRunner(ServingBase):
         with self._cond:
             while self._queue:
                 seq, handle = self._queue.popleft()
-                self._finish(seq, handle, IncrementalDetokenizer(self.session.tokenizer),
+                self._finish(seq, handle, IncrementalDetokenizer(self.loaded.tokenizer),
                              "cancelled")
 
     # ---- internals -----------------------------------------------------------------
@@ -160,7 +137,7 @@ class LocalRunner(ServingBase):
                      ids: list[str | None]) -> list[RequestHandle]:
         seqs = []
         for prompt, p, rid in zip(prompts, params, ids, strict=True):
-            token_ids = self.session.encode(prompt)
+            token_ids = self.loaded.encode(prompt)
             if len(token_ids) + p.max_tokens > self.n_ctx:
                 raise ValueError(
                     f"n_ctx: a {len(token_ids)}-token prompt plus max_tokens {p.max_tokens} "
@@ -190,7 +167,7 @@ class LocalRunner(ServingBase):
                 seq, handle = self._queue.popleft()
                 if seq.request_id in self._cancels:
                     self._cancels.discard(seq.request_id)
-                    self._finish(seq, handle, IncrementalDetokenizer(self.session.tokenizer),
+                    self._finish(seq, handle, IncrementalDetokenizer(self.loaded.tokenizer),
                                  "cancelled")
                     continue
                 self._current = seq
@@ -198,14 +175,14 @@ class LocalRunner(ServingBase):
 
     def _serve(self, seq: Sequence, handle: RequestHandle) -> None:
         """Prefill, then decode one token per step, alone on the machine."""
-        detok = IncrementalDetokenizer(self.session.tokenizer, seq.params.stop)
+        detok = IncrementalDetokenizer(self.loaded.tokenizer, seq.params.stop)
         gens = {seq.request_id: make_generator(seq.params)}
         table = {seq.request_id: list(range(self.runner.num_blocks))}
-        eos = self.session.eos_token_ids
+        eos = self.loaded.eos_token_ids
         seq.status = Status.RUNNING
         start = seq.metrics.first_scheduled_time = time.monotonic()
         release = start
-        emu = self.emulation
+        emu = self.pacing
         if emu:
             release += emu.prefill_seconds(len(seq.prompt_token_ids))
         reason, error = None, None
@@ -243,5 +220,5 @@ class LocalRunner(ServingBase):
         seq.status = Status.FINISHED
         seq.metrics.finish_time = time.monotonic()
         self._num_finished += 1
-        label = self.emulation.label if self.emulation else None
+        label = self.pacing.label if self.pacing else None
         handle._finish(make_output(seq, detok, reason, error, label), detok.delta(final=True))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 from engine.config import SamplingParams
-from engine.models.session import Prompt
+from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
 
 # The loop's compute thread gives the GIL up around every tensor op and must win it back

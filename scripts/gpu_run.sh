@@ -16,6 +16,6 @@ export BATCHLENS_TEST_DEVICE=cuda BATCHLENS_TOKENIZER_DIR=.gpu/smollm2
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_kv_cache.py tests/test_scheduler.py
 } 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error"
 # slowest run last: if the time limit cuts it, the JSON written after each run keeps the rest
-timeout "${BENCH_TIMEOUT:-420}" python3 -m engine.bench --model /tmp/smollm2-random --device cuda \
+timeout "${BENCH_TIMEOUT:-420}" python3 -m measure.bench --model /tmp/smollm2-random --device cuda \
   --only engine,local,hf_static,hf_continuous,hf_batch1 \
   --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.txt"

@@ -1,6 +1,6 @@
 """Datacenter tokens/s of a 16-user x 64-token race: the arena page's own figure (the app
 served by `streamlit run`, driven by Chromium on the same machine) against the same race
-run headless (`python -m engine.race`). Rounds alternate page, headless, page, ...; prints
+run headless (`python -m workloads.race`). Rounds alternate page, headless, page, ...; prints
 each round's page/headless ratio, their median, and best page / best headless.
 
 Usage: .venv/bin/python scripts/page_open_throughput.py [--rounds 3] [--browser-nice 19]
@@ -47,7 +47,7 @@ PROMPT = "Explain why the sky is blue."
 
 def headless() -> float:
     out = subprocess.run(
-        [sys.executable, "-m", "engine.race", "--users", "16", "--max-tokens", "64",
+        [sys.executable, "-m", "workloads.race", "--users", "16", "--max-tokens", "64",
          "--prompt", PROMPT], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return float(re.search(r"datacenter: \d+ tokens, ([\d.]+) tokens/s", out).group(1))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.session import ModelSession
+from engine.models.loaded import LoadedModel
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # the device tests run on; set BATCHLENS_TEST_DEVICE=cuda on a GPU machine
@@ -18,17 +18,17 @@ TEST_DEVICE = os.environ.get("BATCHLENS_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
-def session() -> ModelSession:
+def loaded() -> LoadedModel:
     """The bundled SmolLM2-135M-Instruct in float32 on CPU (real weights)."""
-    return ModelSession.load(None, device="cpu", dtype="float32")
+    return LoadedModel.load(None, device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="session")
-def hf_model(session: ModelSession):
+def hf_model(loaded: LoadedModel):
     """transformers' own implementation on the same weights, for reference outputs."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(session.folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(loaded.folder, dtype=torch.float32)
     return model.eval()
 
 
@@ -84,18 +84,18 @@ def tiny_models(tmp_path_factory, tokenizer_dir: Path) -> dict[str, Path]:
 
 # ---- for the race and sweep tests (modules that define their own override these) ----------
 @pytest.fixture(scope="module")
-def engine(session):
-    """A small datacenter engine (64 KV blocks) on the shared float32 session."""
+def engine(loaded):
+    """A small datacenter engine (64 KV blocks) on the shared float32 loaded."""
     from engine import Engine, EngineConfig
 
-    with Engine(EngineConfig(num_kv_blocks=64), session=session) as eng:
+    with Engine(EngineConfig(num_kv_blocks=64), loaded=loaded) as eng:
         yield eng
 
 
 @pytest.fixture(scope="module")
-def local(session):
-    """A local runner with a 512-token window on the shared float32 session."""
-    from engine.local import LocalRunner
+def local(loaded):
+    """A local runner with a 512-token window on the shared float32 loaded."""
+    from engine.local import LocalPC
 
-    with LocalRunner(session, n_ctx=512) as runner:
+    with LocalPC(loaded, n_ctx=512) as runner:
         yield runner

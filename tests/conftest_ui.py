@@ -20,7 +20,7 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
 @pytest.fixture
 def fresh_engine():
     """Every test starts with a newly built shared engine and ends by shutting it down.
-    The loaded weights (`model_session`) stay cached: they are read-only."""
+    The loaded weights (`loaded_model`) stay cached: they are read-only."""
     shared.shared_engine.clear()
     yield
     shared.shared_engine.clear()  # on_release shuts the engine down, cancelling requests

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.race import RaceSnapshot
 from ui import charts, frames
 from ui.presets import load_presets, user_prompts
+from workloads.race import RaceSnapshot
 
 
 def snapshot(**kw) -> RaceSnapshot:

@@ -1,5 +1,5 @@
 """The hardware page (AppTest, run on its own: no model, no shared engine) and its chart
-builders (`chart.to_dict()`): every figure shown equals `engine.hardware`'s."""
+builders (`chart.to_dict()`): every figure shown equals `measure.hardware`'s."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.calibrate import Calibration
-from engine.hardware import (
+from measure.calibrate import Calibration
+from measure.hardware import (
     GIB,
     HARDWARE,
     compute_bound_batch,
@@ -139,7 +139,7 @@ def test_this_machine_is_measured_once_and_projected(monkeypatch):
     assert metric(at, "Fits in 12 GiB") == "Yes"
     assert metric(at, "Measured bandwidth (GB/s)") == "20.0"
     assert "Test CPU, 2 threads" in at.caption[1].value
-    assert "measured by engine.calibrate" in at.caption[1].value
+    assert "measured by measure.calibrate" in at.caption[1].value
 
 
 # ---- chart builders and frames (no Streamlit) -----------------------------------------

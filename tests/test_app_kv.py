@@ -114,7 +114,7 @@ def test_a_scenario_runs_to_the_end_on_its_own_engine_and_leaks_no_blocks(apps):
     at.button(key="kv_run_many_short").click().run()
     assert not at.exception, at.exception
     job = at.session_state[kv_view.KEY_JOB]
-    assert job.engine is not shared_engine and job.engine.session is shared_engine.session
+    assert job.engine is not shared_engine and job.engine.loaded is shared_engine.loaded
     run_until(at, lambda a: job.done and bool(a.success))
     res = job.result
     assert job.error is None and not res.stopped

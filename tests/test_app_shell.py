@@ -48,13 +48,13 @@ def test_the_status_strip_shows_other_sessions_requests():
 def test_apply_rebuilds_the_shared_engine_on_the_same_weights():
     at = new_app()
     holder = shared.shared_engine()
-    old, session = holder.engine, holder.session
+    old, loaded = holder.engine, holder.loaded
     sidebar_input(at, "Block size (tokens)").set_value(32)
     sidebar_input(at, "KV pool (blocks)").set_value(256)
     at.sidebar.button[0].click().run()
     assert not at.exception
     new = holder.engine
-    assert new is not old and new.session is session  # no reload of the weights
+    assert new is not old and new.loaded is loaded  # no reload of the weights
     assert new.kv.block_size == 32 and new.kv.num_blocks == 256
     assert at.sidebar.success and "256 blocks of 32 tokens" in at.sidebar.success[0].value
     with pytest.raises(RuntimeError):  # the old engine is shut down

@@ -10,8 +10,8 @@ from conftest_ui import fresh_engine, new_app, run_until, wait_idle  # noqa: F40
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
-from engine.sweep import DEFAULT_USERS
 from ui import shared, sweep_view
+from workloads.sweep import DEFAULT_USERS
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
 PAGE = "pages/sweep.py"

@@ -1,8 +1,10 @@
-"""engine.bench pieces that need no model: request generation, table, ratios, report."""
+"""measure.bench pieces that need no model: request generation, table, ratios, report."""
 
 import pytest
 
-from engine.bench import (
+from engine.engine import StepStats
+from engine.metrics import RequestMetrics, summarize
+from measure.bench import (
     RUNS,
     RunResult,
     format_table,
@@ -13,8 +15,6 @@ from engine.bench import (
     report,
     step_breakdown,
 )
-from engine.engine import StepStats
-from engine.metrics import RequestMetrics, summarize
 
 CORPUS = list(range(100, 400))
 

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
-def engine(session):
-    with Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64), session=session) as e:
+def engine(loaded):
+    with Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64), loaded=loaded) as e:
         yield e
 
 
@@ -139,13 +139,13 @@ def test_stats_snapshot(engine):
     assert engine.stats(steps_after=None).recent_steps == ()
 
 
-def test_too_small_pool_is_rejected(session):
+def test_too_small_pool_is_rejected(loaded):
     with pytest.raises(ValueError, match="num_kv_blocks"):
-        Engine(EngineConfig(device="cpu", num_kv_blocks=1, block_size=1), session=session)
+        Engine(EngineConfig(device="cpu", num_kv_blocks=1, block_size=1), loaded=loaded)
 
 
-def test_shutdown_cancels_unfinished(session):
-    e = Engine(EngineConfig(device="cpu", num_kv_blocks=64), session=session)
+def test_shutdown_cancels_unfinished(loaded):
+    e = Engine(EngineConfig(device="cpu", num_kv_blocks=64), loaded=loaded)
     h = e.submit("Go on forever", SamplingParams(max_tokens=500, ignore_eos=True))
     e.shutdown()
     assert h.result(timeout=30).finish_reason == "cancelled"

@@ -7,7 +7,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.models.attention import AttentionMetadata, PrefillChunk
-from engine.models.session import ModelSession
+from engine.models.loaded import LoadedModel
 from tests.conftest import TEST_DEVICE, hf_greedy
 
 pytestmark = pytest.mark.model
@@ -23,8 +23,8 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def prompts(session: ModelSession) -> list[list[int]]:
-    ids = session.encode(TEXT)
+def prompts(loaded: LoadedModel) -> list[list[int]]:
+    ids = loaded.encode(TEXT)
     lengths = [5, 37, 12, 70, 1, 23]
     return [ids[i : i + n] for i, n in enumerate(lengths)]
 
@@ -34,42 +34,42 @@ def reference(hf_model, prompts) -> list[list[int]]:
     return [hf_greedy(hf_model, p, MAX_NEW) for p in prompts]
 
 
-def run_engine(session: ModelSession, prompts, **cfg) -> list:
+def run_engine(loaded: LoadedModel, prompts, **cfg) -> list:
     config = EngineConfig(device="cpu", dtype="float32", **cfg)
-    with Engine(config, session=session) as engine:
+    with Engine(config, loaded=loaded) as engine:
         params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
         return engine.generate(prompts, params), engine.stats()
 
 
-def test_batch_matches_transformers(session, prompts, reference):
-    outs, stats = run_engine(session, prompts)
+def test_batch_matches_transformers(loaded, prompts, reference):
+    outs, stats = run_engine(loaded, prompts)
     assert [o.token_ids for o in outs] == reference
     assert all(o.finish_reason == "length" for o in outs)
     assert stats.kv.used_blocks == 0  # nothing leaked
 
 
-def test_chunked_prefill_matches(session, prompts, reference):
-    outs, stats = run_engine(session, prompts, max_num_batched_tokens=16)
+def test_chunked_prefill_matches(loaded, prompts, reference):
+    outs, stats = run_engine(loaded, prompts, max_num_batched_tokens=16)
     assert [o.token_ids for o in outs] == reference
     # the 70-token prompt needed several chunks: some step mixed prefill and decode
     assert any(s.num_prefill_tokens and s.num_decode_tokens for s in stats.recent_steps)
 
 
-def test_preemption_matches(session, prompts, reference):
+def test_preemption_matches(loaded, prompts, reference):
     # 12 blocks of 8 tokens = 96 slots: the 70-token prompt plus others cannot all fit
-    outs, stats = run_engine(session, prompts, block_size=8, num_kv_blocks=12)
+    outs, stats = run_engine(loaded, prompts, block_size=8, num_kv_blocks=12)
     assert stats.num_preemptions > 0
     assert [o.token_ids for o in outs] == reference
     assert stats.kv.used_blocks == 0
 
 
-def test_prefix_cache_hit_matches(session, prompts, hf_model):
-    shared = session.encode(TEXT)[:48]
+def test_prefix_cache_hit_matches(loaded, prompts, hf_model):
+    shared = loaded.encode(TEXT)[:48]
     tails = [[504, 3575], [2988, 314, 42], [7042]]
     batch = [shared + t for t in tails]
     ref = [hf_greedy(hf_model, p, MAX_NEW) for p in batch]
     config = EngineConfig(device="cpu", dtype="float32", block_size=16)
-    with Engine(config, session=session) as engine:
+    with Engine(config, loaded=loaded) as engine:
         params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
         first = engine.generate(batch[:1], params)
         rest = engine.generate(batch[1:], params)
@@ -84,7 +84,7 @@ def test_tiny_random_models_match(kind, tiny_models):
     from transformers import AutoModelForCausalLM
 
     folder = tiny_models[kind]
-    sess = ModelSession.load(str(folder), device=TEST_DEVICE, dtype="float32")
+    loaded = LoadedModel.load(str(folder), device=TEST_DEVICE, dtype="float32")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     hf = hf.to(TEST_DEVICE)
     g = torch.Generator().manual_seed(1)
@@ -92,15 +92,15 @@ def test_tiny_random_models_match(kind, tiny_models):
     ref = [hf_greedy(hf, p, 16) for p in prompts]
     config = EngineConfig(device=TEST_DEVICE, dtype="float32", block_size=4,
                           max_num_batched_tokens=20, num_kv_blocks=64)
-    with Engine(config, session=sess) as engine:
+    with Engine(config, loaded=loaded) as engine:
         outs = engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     assert [o.token_ids for o in outs] == ref
 
 
-def test_prefill_logits_match_transformers(session, hf_model, prompts):
+def test_prefill_logits_match_transformers(loaded, hf_model, prompts):
     ids = prompts[3]
     n = len(ids)
-    model = session.model
+    model = loaded.model
     spec = model.spec
     shape = (spec.num_kv_heads, 8, 16, spec.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(spec.num_layers)]

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from engine import calibrate as calibrate_module
 from engine import compute
-from engine import hardware as hwm
-from engine.calibrate import Calibration, calibrate
-from engine.hardware import (
+from measure import calibrate as calibrate_module
+from measure import hardware as hwm
+from measure.calibrate import Calibration, calibrate
+from measure.hardware import (
     GB,
     HARDWARE,
     MODELS,

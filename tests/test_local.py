@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from engine import Engine, EngineConfig, SamplingParams, hardware
-from engine.local import LocalRunner
+from engine import Engine, EngineConfig, SamplingParams
+from engine.local import LocalPC
+from measure import hardware
 
 pytestmark = pytest.mark.model
 
@@ -15,15 +16,15 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "Wa
 
 
 @pytest.fixture(scope="module")
-def local(session):
-    with LocalRunner(session, n_ctx=512) as runner:
+def local(loaded):
+    with LocalPC(loaded, n_ctx=512) as runner:
         yield runner
 
 
-def test_greedy_outputs_equal_the_engine(session, local):
+def test_greedy_outputs_equal_the_engine(loaded, local):
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     ours = local.generate(PROMPTS, params)
-    with Engine(EngineConfig(device="cpu", dtype="float32"), session=session) as engine:
+    with Engine(EngineConfig(device="cpu", dtype="float32"), loaded=loaded) as engine:
         theirs = engine.generate(PROMPTS, params)
     assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
     assert all(o.emulated is None for o in ours)
@@ -52,10 +53,10 @@ def test_users_queue_one_after_another(local):
     assert local.stats().kv_reserved_bytes == 0  # nothing active, nothing reserved
 
 
-def test_emulated_device_paces_to_the_projection(session):
+def test_emulated_device_paces_to_the_projection(loaded):
     # a 70B model at int4 on a desktop CPU projects ~2.5 tokens/s: far slower than this machine
-    with LocalRunner(session, n_ctx=256, device_profile="desktop_cpu",
-                     model_profile="llama-2-70b", precision="int4") as runner:
+    pacing = hardware.Emulation("desktop_cpu", "llama-2-70b", "int4")
+    with LocalPC(loaded, n_ctx=256, pacing=pacing) as runner:
         out = runner.generate(["Tell me about the sea."],
                               SamplingParams(max_tokens=8, ignore_eos=True))[0]
     proj = hardware.decode_tokens_per_s("llama-2-70b", "int4", "desktop_cpu", batch=1,
@@ -77,17 +78,20 @@ def test_cancel_while_queued_and_while_running(local):
     assert second.result().token_ids == []
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(n_ctx=1), "n_ctx"),
-    (dict(n_ctx=-5), "n_ctx"),
-    (dict(device_profile="toaster", model_profile="llama-2-7b"), "hardware"),
-    (dict(device_profile="rtx4090", model_profile="gpt-9"), "model"),
-    (dict(device_profile="rtx4090"), "model_profile"),
-    (dict(device_profile="rtx4090", model_profile="llama-2-7b", precision="fp3"), "precision"),
+@pytest.mark.parametrize("kwargs", [dict(n_ctx=1), dict(n_ctx=-5)])
+def test_bad_settings_name_the_field(loaded, kwargs):
+    with pytest.raises(ValueError, match="n_ctx"):
+        LocalPC(loaded, **kwargs)
+
+
+@pytest.mark.parametrize("args,field", [
+    (("toaster", "llama-2-7b"), "hardware"),
+    (("rtx4090", "gpt-9"), "model"),
+    (("rtx4090", "llama-2-7b", "fp3"), "precision"),
 ])
-def test_bad_settings_name_the_field(session, kwargs, field):
+def test_bad_emulation_names_the_field(args, field):
     with pytest.raises(ValueError, match=field):
-        LocalRunner(session, **kwargs)
+        hardware.Emulation(*args)
 
 
 def test_prompt_longer_than_n_ctx_is_rejected(local):

@@ -9,7 +9,7 @@ import pytest
 from polling import wait_for
 
 from engine import Engine, SamplingParams, summarize
-from engine.race import Race, _thin
+from workloads.race import Race, _thin
 
 PROMPTS = [[{"role": "user", "content": c}] for c in
            ("What is the capital of France?", "Name a colour.", "Count to three.")]

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from engine import hardware
-from engine.calibrate import Calibration
-from engine.roofline import mix_floor, model_profile_key, roofline, user_grid
+from measure import hardware
+from measure.calibrate import Calibration
+from measure.roofline import mix_floor, model_profile_key, roofline, user_grid
 
 # Made-up machine figures for the pure roofline helper (nothing here was measured).
 FAKE_CALIBRATION = Calibration(
@@ -44,8 +44,8 @@ def test_roofline_for_float32_reads_twice_the_bytes():
 
 
 @pytest.mark.model
-def test_the_bundled_model_has_a_hardware_profile(session):
-    assert model_profile_key(session.model.spec) == "smollm2-135m"
+def test_the_bundled_model_has_a_hardware_profile(loaded):
+    assert model_profile_key(loaded.model.spec) == "smollm2-135m"
 
 
 def _profile(bandwidth_gbs: float, tflops: float) -> hardware.HardwareProfile:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.scenario_job import ScenarioJob, scenario_config
-from engine.scenarios import get
+from workloads.scenario_job import ScenarioJob, scenario_config
+from workloads.scenarios import get
 
 
 def test_a_new_block_size_keeps_the_pool_size_in_token_slots():
@@ -29,11 +29,11 @@ def assert_ended_clean(job: ScenarioJob) -> None:
 
 
 @pytest.mark.model
-def test_shared_prefix_hits_the_cache_with_prefix_caching_and_never_without(session):
+def test_shared_prefix_hits_the_cache_with_prefix_caching_and_never_without(loaded):
     sc = get("shared_prefix")
     rates = {}
     for on in (True, False):
-        job = ScenarioJob(sc, session, prefix_caching=on).start()
+        job = ScenarioJob(sc, loaded, prefix_caching=on).start()
         assert job.join(timeout=300), "scenario did not end"
         assert job.error is None, job.error
         res = job.result
@@ -52,8 +52,8 @@ def test_shared_prefix_hits_the_cache_with_prefix_caching_and_never_without(sess
 
 
 @pytest.mark.model
-def test_stop_cancels_the_rest_and_frees_the_blocks(session):
-    job = ScenarioJob(get("small_pool"), session, block_size=32).start()
+def test_stop_cancels_the_rest_and_frees_the_blocks(loaded):
+    job = ScenarioJob(get("small_pool"), loaded, block_size=32).start()
     assert job.engine.kv.block_size == 32 and job.engine.kv.num_blocks == 32
     job.stop()
     assert job.join(timeout=60)

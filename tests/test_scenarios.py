@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from engine import Engine, EngineConfig, scenarios
-from engine.local import LocalRunner
-from engine.race import Race
+from engine import Engine, EngineConfig
+from engine.local import LocalPC
+from workloads import scenarios
+from workloads.race import Race
 
 
 def test_registry_and_presenter_set():
@@ -30,18 +31,18 @@ def test_engine_config_applies_scenario_fields_then_changes():
     assert cfg.num_kv_blocks == 64 and cfg.max_num_seqs == 7 and cfg.block_size == 8
 
 
-def test_shared_prefix_system_prompt_is_about_300_tokens(session):
+def test_shared_prefix_system_prompt_is_about_300_tokens(loaded):
     sc = scenarios.get("shared_prefix")
-    ids = [session.encode(list(p)) for p in sc.prompts + (sc.warmup,)]
+    ids = [loaded.encode(list(p)) for p in sc.prompts + (sc.warmup,)]
     shared = next(i for i, col in enumerate(zip(*ids, strict=False)) if len(set(col)) > 1)
     assert 290 <= shared <= 340  # tokens every user's prompt (and the warm-up) starts with
     assert all(len(x) - shared < 30 for x in ids)  # short questions after it
 
 
 @pytest.mark.model
-def test_many_users_twice_gives_identical_text(session):
+def test_many_users_twice_gives_identical_text(loaded):
     sc = scenarios.get("many_users")
-    with Engine(EngineConfig(num_kv_blocks=256), session=session) as eng:
+    with Engine(EngineConfig(num_kv_blocks=256), loaded=loaded) as eng:
         first = scenarios.run_scenario(eng, sc, prefix="a")
         second = scenarios.run_scenario(eng, sc, prefix="b")
         kv = eng.stats().kv
@@ -51,12 +52,12 @@ def test_many_users_twice_gives_identical_text(session):
 
 
 @pytest.mark.model
-def test_one_user_race_twice_gives_identical_text_on_both_sides(session):
+def test_one_user_race_twice_gives_identical_text_on_both_sides(loaded):
     sc = scenarios.get("one_user")
     texts = []
-    with Engine(EngineConfig(num_kv_blocks=64), session=session) as eng:
+    with Engine(EngineConfig(num_kv_blocks=64), loaded=loaded) as eng:
         for _ in range(2):
-            race = Race(eng, LocalRunner(session, n_ctx=512), [list(p) for p in sc.prompts],
+            race = Race(eng, LocalPC(loaded, n_ctx=512), [list(p) for p in sc.prompts],
                         sc.params(0), heartbeat_timeout=None, close_local=True).start()
             assert race.join(timeout=120)
             texts.append([race.outputs(side)[0].text for side in ("datacenter", "local")])
@@ -65,10 +66,10 @@ def test_one_user_race_twice_gives_identical_text_on_both_sides(session):
 
 
 @pytest.mark.model
-def test_stop_cancels_a_staggered_scenario(session):
+def test_stop_cancels_a_staggered_scenario(loaded):
     sc = scenarios.get("shared_prefix")
     stop = threading.Event()
-    with Engine(sc.engine_config(), session=session) as eng:
+    with Engine(sc.engine_config(), loaded=loaded) as eng:
         res = scenarios.run_scenario(eng, sc, stop=stop,
                                      on_submit=lambda i, h: i == 1 and stop.set())
         kv = eng.stats().kv

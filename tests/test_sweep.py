@@ -10,13 +10,13 @@ import pytest
 from polling import wait_for
 
 from engine import Engine
-from engine.local import LocalRunner
-from engine.sweep import Sweep, SweepSpec, format_table, rows, varied_prompts
+from engine.local import LocalPC
+from workloads.sweep import Sweep, SweepSpec, format_table, rows, varied_prompts
 
 PROMPTS = varied_prompts()[:3]
 
 
-def assert_idle(engine: Engine, local: LocalRunner) -> None:
+def assert_idle(engine: Engine, local: LocalPC) -> None:
     """Nothing running or queued on either side, and no KV block leaked."""
     wait_for(lambda: engine.stats().num_running + engine.stats().num_waiting == 0, 10)
     wait_for(lambda: local.stats().num_running + local.stats().num_waiting == 0, 30)

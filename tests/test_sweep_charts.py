@@ -6,7 +6,7 @@ import pandas as pd
 
 from ui import sweep_charts as charts
 
-# Made-up rows in engine.sweep's CSV columns, for the chart builders only.
+# Made-up rows in workloads.sweep's CSV columns, for the chart builders only.
 EXAMPLE_ROWS = [
     {"side": side, "users": u, "throughput_tokens_per_s": tps * (u if side == "datacenter" else 1),
      "per_user_tokens_per_s_p50": tps / (1 if side == "datacenter" else u),

@@ -1,6 +1,6 @@
 """The arena page's parts: controls, the two live columns, the charts and the results.
 
-The race runs on its own thread (`engine.race.Race`); the page only reads
+The race runs on its own thread (`workloads.race.Race`); the page only reads
 `race.snapshot()` from a fragment that reruns a few times a second, never waiting on the
 engine. Model output is shown with `st.code` (plain text), never as markdown or HTML.
 """
@@ -13,11 +13,13 @@ import os
 import pandas as pd
 import streamlit as st
 
-from engine import SamplingParams, scenarios
-from engine.local import LocalRunner
-from engine.race import Race, RaceSnapshot, SideView
+from engine import SamplingParams
+from engine.local import LocalPC
+from measure.hardware import Emulation
 from ui import charts, frames, shared
 from ui.presets import load_presets, user_prompts
+from workloads import scenarios
+from workloads.race import Race, RaceSnapshot, SideView
 
 KEY_RACE = shared.RACE_KEY
 KEY_ERROR = "arena_error"
@@ -145,10 +147,9 @@ def start_race(prompts: list, params: SamplingParams, you: int = 0,
     """Start this session's race; a bad setting leaves a message instead."""
     ss, local = st.session_state, None
     try:
-        session = shared.local_session(ss.get("arena_local_device", "cpu"))
-        pace = dict(zip(("device_profile", "model_profile", "precision"), emulation or (),
-                        strict=False))
-        local = LocalRunner(session, n_ctx=LOCAL_N_CTX, **pace)
+        loaded = shared.local_model(ss.get("arena_local_device", "cpu"))
+        pacing = Emulation(*emulation) if emulation else None
+        local = LocalPC(loaded, n_ctx=LOCAL_N_CTX, pacing=pacing)
         race = Race(shared.shared_engine().engine, local, prompts, params, you=you,
                     heartbeat_timeout=HEARTBEAT_S, close_local=True,
                     connected=shared.session_connected())
@@ -193,7 +194,7 @@ def _live_view() -> None:
         race.touch()
         snap = race.snapshot()
     local_col, dc_col = st.columns(2, gap="large")
-    emulation = race.local.emulation if race is not None else None
+    emulation = race.local.pacing if race is not None else None
     with local_col:
         side_panel(snap.sides["local"], snap, emulation.label if emulation else None)
     with dc_col:

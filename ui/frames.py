@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pandas as pd
 import pyarrow as pa
 
-from engine.race import RaceSnapshot
 from ui.palette import SIDE_NAMES
+from workloads.race import RaceSnapshot
 
 ROW_COLUMNS = ["side", "user", "you", "ttft_s", "tpot_s", "e2e_s", "queue_s", "tokens",
                "tokens_per_s", "finish_reason"]

@@ -1,7 +1,7 @@
 """Pure chart builders for the hardware page: a DataFrame in, an Altair chart out.
 
 No Streamlit and no roofline arithmetic here: the frames come from `ui.hardware_view`, whose
-numbers come from `engine.hardware`.
+numbers come from `measure.hardware`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The hardware page's parts: pick a model, precision, hardware, context and batch, and see
-the roofline projection of `engine.hardware` for it.
+the roofline projection of `measure.hardware` for it.
 
     controls() -> Choice --> fit()               weights + KV against device memory
                          --> decode()            tokens/s per user and in total vs batch, B*
@@ -7,8 +7,8 @@ the roofline projection of `engine.hardware` for it.
                          --> datasheet()         where the hardware's figures come from
                          --> reference_tables()  model sizes; local PC vs datacenter
 
-No figure is written here: every number comes from `engine.hardware` (datasheets) or from
-`engine.calibrate` (this machine, measured once per server process).
+No figure is written here: every number comes from `measure.hardware` (datasheets) or from
+`measure.calibrate` (this machine, measured once per server process).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from engine.calibrate import Calibration, calibrate
-from engine.hardware import (
+from measure.calibrate import Calibration, calibrate
+from measure.hardware import (
     BIG_BATCH,
     GIB,
     HARDWARE,
@@ -287,7 +287,7 @@ def datasheet(choice: Choice) -> None:
 
 
 def reference_tables(choice: Choice) -> None:
-    """The product's two reference tables, straight from `engine.hardware`."""
+    """The product's two reference tables, straight from `measure.hardware`."""
     prec, ctx = choice.precision, choice.context
     st.subheader("Reference tables")
     st.markdown(f"**Model size and where it fits**: {prec} weights plus the KV cache of one "

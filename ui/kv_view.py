@@ -6,7 +6,7 @@ scheduler's steps, and the last scenario's result with its block size trade-off.
                 otherwise) for the engine shown: a running scenario's own engine, else the
                 shared one -> figures, paged map | contiguous layout, steps, last scenario
 
-A scenario plays on an engine of its own (`engine.scenario_job`), built on the shared
+A scenario plays on an engine of its own (`workloads.scenario_job`), built on the shared
 weights, so the shared engine's settings are never touched. Every figure comes from the
 engine shown (`kv_snapshot()`, `stats()`) or from the scenario's result; model output is
 shown only as plain text (`st.code`).
@@ -21,11 +21,11 @@ import streamlit as st
 
 from engine.engine import Engine, EngineStats
 from engine.kv_cache import BlockInfo, KVCacheStats, waste_for_block_size
-from engine.scenario_job import ScenarioJob, scenario_config
-from engine.scenarios import SCENARIOS, get
 from ui import kv_charts, kv_frames, presenter, shared
 from ui.arena import LOCAL_N_CTX, REFRESH_S
 from ui.charts import template
+from workloads.scenario_job import ScenarioJob, scenario_config
+from workloads.scenarios import SCENARIOS, get
 
 KEY_JOB = "kv_job"
 KEY_RUNS = "kv_runs"
@@ -128,7 +128,7 @@ def _on_run(key: str) -> None:
     if old is not None:
         old.close()  # a finished one returns at once; its engine is already shut down
     try:
-        job = ScenarioJob(get(key), shared.shared_engine().session,
+        job = ScenarioJob(get(key), shared.shared_engine().loaded,
                           block_size=int(ss[f"kv_block_{key}"]),
                           prefix_caching=bool(ss[f"kv_prefix_{key}"]))
     except ValueError as exc:

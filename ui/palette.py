@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 LOCAL, DATACENTER = "Local PC", "Datacenter"
-SIDE_NAMES = {"local": LOCAL, "datacenter": DATACENTER}  # engine.race / engine.sweep sides
+SIDE_NAMES = {"local": LOCAL, "datacenter": DATACENTER}  # workloads.race / workloads.sweep sides
 LOCAL_COLOR = "#e4572e"  # also "per user" and "does not fit": what one PC gets
 DATACENTER_COLOR = "#2e86de"  # also "total" and the engine's own series
 ACCENT = "#f3a712"  # a second series beside the datacenter's (KV cache, prefill)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import scenarios
+from workloads import scenarios
 
 KEY = "presenter"
 QUERY = "presenter"

@@ -2,7 +2,7 @@
 browser session (`st.cache_resource`), so teammates' requests are batched together.
 
     browser A --\\
-    browser B ---+--> SharedEngine --> Engine (continuous batching) --> ModelSession
+    browser B ---+--> SharedEngine --> Engine (continuous batching) --> LoadedModel
     browser C --/        rebuild(config): new Engine on the same weights, old one shut down
 
 Set BATCHLENS_MODEL to a local HF folder or .gguf path to serve another Llama-family model;
@@ -20,7 +20,7 @@ import torch
 from streamlit.runtime import Runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from engine import Engine, EngineConfig, ModelSession
+from engine import Engine, EngineConfig, LoadedModel
 
 RACE_KEY = "arena_race"  # st.session_state key of this browser session's race
 SWEEP_KEY = "sweep_run"  # ... and of its load sweep
@@ -31,24 +31,24 @@ FIRST_LOAD = ("Loading the model: the very first start converts the GGUF file (~
 
 
 @st.cache_resource(show_spinner=FIRST_LOAD)
-def model_session(device: str = "auto") -> ModelSession:
+def loaded_model(device: str = "auto") -> LoadedModel:
     """The loaded weights for a device; loaded once per server process."""
-    return ModelSession.load(os.environ.get("BATCHLENS_MODEL"), device,
+    return LoadedModel.load(os.environ.get("BATCHLENS_MODEL"), device,
                              os.environ.get("BATCHLENS_DTYPE", "auto"))
 
 
 class SharedEngine:
     """Holds the current shared `Engine`; `rebuild` swaps it for one with new settings."""
 
-    def __init__(self, session: ModelSession, config: EngineConfig | None = None) -> None:
-        self.session = session
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.loaded = loaded
         self._lock = threading.Lock()
-        self.engine = Engine(config or EngineConfig(), session=session)
+        self.engine = Engine(config or EngineConfig(), loaded=loaded)
 
     def rebuild(self, config: EngineConfig) -> Engine:
         """Build a new engine on the same weights (no reload); shut the old one down.
         Raises `ValueError` (and keeps the old engine) when the settings are impossible."""
-        new = Engine(config, session=self.session)
+        new = Engine(config, loaded=self.loaded)
         with self._lock:
             old, self.engine = self.engine, new
         old.shutdown()
@@ -62,16 +62,16 @@ class SharedEngine:
                    on_release=SharedEngine.shutdown)
 def shared_engine() -> SharedEngine:
     """The datacenter engine every browser session of this server shares."""
-    return SharedEngine(model_session())
+    return SharedEngine(loaded_model())
 
 
-def local_session(choice: str) -> ModelSession:
+def local_model(choice: str) -> LoadedModel:
     """Weights for the local PC: "cpu" (a laptop's reality) or "gpu" (batch 1 on the GPU)."""
     want = "cuda" if choice == "gpu" and has_gpu() else "cpu"
-    engine_session = shared_engine().session
-    if engine_session.model.device.type == want:
-        return engine_session
-    return model_session(want)
+    engine_model = shared_engine().loaded
+    if engine_model.model.device.type == want:
+        return engine_model
+    return loaded_model(want)
 
 
 def has_gpu() -> bool:

@@ -1,7 +1,7 @@
 """Pure chart builders for the sweep page: a DataFrame in, an Altair chart out. No Streamlit.
 
-The frames come from `engine.sweep.rows` (one row per side and load, CSV column names) and
-`engine.sweep.roofline`; `points_frame` / `latency_frame` / `roofline_frame` shape them.
+The frames come from `workloads.sweep.rows` (one row per side and load, CSV column names) and
+`workloads.sweep.roofline`; `points_frame` / `latency_frame` / `roofline_frame` shape them.
 Loads are drawn on a log-2 x axis, so 1, 2, 4 ... 64 users sit evenly spaced.
 """
 
@@ -45,7 +45,7 @@ def latency_frame(points: pd.DataFrame, x: str, metric: str) -> pd.DataFrame:
 
 
 def roofline_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """users, total, per_user, bound (from `engine.sweep.roofline`) and side = ROOF."""
+    """users, total, per_user, bound (from `workloads.sweep.roofline`) and side = ROOF."""
     df = pd.DataFrame.from_records(rows, columns=["users", "total", "per_user", "bound"])
     return df.assign(side=ROOF)
 

@@ -1,12 +1,12 @@
 """The sweep page's parts: controls, the live progress and charts, goodput under SLOs, the
 connected-vs-active calculator, and the table with its CSV.
 
-    controls()  -> Run: Sweep(shared engine, LocalRunner on the same weights).start()
+    controls()  -> Run: Sweep(shared engine, LocalPC on the same weights).start()
     live()      -> a fragment that reruns while the sweep runs; reads sweep.snapshot() only
 
-The sweep runs on its own thread (`engine.sweep.Sweep`); every figure shown comes from its
-points (engine.metrics) or from engine.hardware (the roofline of this machine, measured by
-engine.calibrate). Chart specs are built once per new point, not on every refresh, so the
+The sweep runs on its own thread (`workloads.sweep.Sweep`); every figure shown comes from its
+points (engine.metrics) or from measure.hardware (the roofline of this machine, measured by
+measure.calibrate). Chart specs are built once per new point, not on every refresh, so the
 page takes little CPU from the measurement.
 """
 
@@ -21,10 +21,15 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from engine.hardware import aggregate_tokens_per_s
-from engine.local import LocalRunner
-from engine.roofline import Roofline, model_profile_key, roofline, user_grid
-from engine.sweep import (
+from engine.local import LocalPC
+from measure.hardware import aggregate_tokens_per_s
+from measure.roofline import Roofline, model_profile_key, roofline, user_grid
+from ui import shared
+from ui import sweep_charts as charts
+from ui.hardware_view import fmt_number, fmt_seconds, this_machine
+from ui.palette import DATACENTER, LOCAL
+from ui.presets import chat, load_presets
+from workloads.sweep import (
     DEFAULT_DURATION_S,
     DEFAULT_MAX_TOKENS,
     DEFAULT_RATES,
@@ -34,11 +39,6 @@ from engine.sweep import (
     SweepSpec,
     rows,
 )
-from ui import shared
-from ui import sweep_charts as charts
-from ui.hardware_view import fmt_number, fmt_seconds, this_machine
-from ui.palette import DATACENTER, LOCAL
-from ui.presets import chat, load_presets
 
 KEY_SWEEP = shared.SWEEP_KEY
 KEY_ERROR = "sweep_error"
@@ -140,11 +140,11 @@ def _on_run() -> None:
     one = ss.get("sweep_prompts") == PROMPTS[1]
     prompts = [chat(ss["sweep_prompt"])] if one else [chat(t) for t in load_presets().others]
     engine = shared.shared_engine().engine
-    if model_profile_key(engine.session.model.spec) is not None:
-        this_machine(engine.session.model.device.type)  # measured now, not during the sweep
+    if model_profile_key(engine.loaded.model.spec) is not None:
+        this_machine(engine.loaded.model.device.type)  # measured now, not during the sweep
     local = None
     try:
-        local = LocalRunner(engine.session, n_ctx=LOCAL_N_CTX)
+        local = LocalPC(engine.loaded, n_ctx=LOCAL_N_CTX)
         sweep = Sweep(engine, local, prompts, spec, heartbeat_timeout=HEARTBEAT_S,
                       close_local=True, connected=shared.session_connected())
     except ValueError as exc:
@@ -268,7 +268,7 @@ def _roofline(sweep: Sweep | None) -> Roofline | None:
     """This machine's roofline over the sweep's user counts (users mode, known model)."""
     if sweep is None or sweep.spec.mode != "users":
         return None
-    model = sweep.engine.session.model
+    model = sweep.engine.loaded.model
     key = model_profile_key(model.spec)
     if key is None:
         return None

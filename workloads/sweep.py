@@ -14,7 +14,7 @@ rates), on the datacenter engine and on the local PC, one side at a time::
 A background thread runs the points; `snapshot()` is a copy, safe from any thread; `stop()`
 cancels the requests in flight (their blocks are freed) and ends the sweep with the points
 finished so far. Every figure comes from `engine.metrics` (the page draws the roofline of
-`engine.roofline` beneath). `python -m engine.sweep` runs the default sweep and prints
+`measure.roofline` beneath). `python -m workloads.sweep` runs the default sweep and prints
 every point.
 """
 
@@ -33,15 +33,15 @@ from typing import Any
 
 import torch
 
-from engine.bench import cpu_sample, others_busy
 from engine.config import SamplingParams
 from engine.engine import Engine
-from engine.job import BackgroundJob
-from engine.local import LocalRunner
+from engine.local import LocalPC
 from engine.metrics import RequestMetrics, RunSummary, goodput, summarize
-from engine.models.session import Prompt
+from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
-from engine.race import LABELS, SIDES
+from measure.bench import cpu_sample, others_busy
+from workloads.job import BackgroundJob
+from workloads.race import LABELS, SIDES
 
 MODES = ("users", "rate")
 DEFAULT_USERS = (1, 2, 4, 8, 16, 32, 64)
@@ -168,7 +168,7 @@ class Sweep(BackgroundJob):
     EOS ignored, so each request makes exactly `max_tokens` tokens. Prompts are encoded and
     checked against both sides' limits here: a bad input raises `ValueError` before any run."""
 
-    def __init__(self, engine: Engine, local: LocalRunner, prompts: Sequence[Prompt],
+    def __init__(self, engine: Engine, local: LocalPC, prompts: Sequence[Prompt],
                  spec: SweepSpec | None = None, *, heartbeat_timeout: float | None = None,
                  interval: float = 0.1, close_local: bool = False,
                  connected: Callable[[], bool] | None = None) -> None:
@@ -187,7 +187,7 @@ class Sweep(BackgroundJob):
         self._done_requests = 0
 
     def _encode(self, prompt: Prompt) -> list[int]:
-        ids = self.engine.session.encode(prompt)
+        ids = self.engine.loaded.encode(prompt)
         limit = min(self.engine.max_model_len, self.engine.pool_tokens, self.local.n_ctx)
         if len(ids) + self.spec.max_tokens > limit:
             raise ValueError(
@@ -351,7 +351,7 @@ def format_table(points: Sequence[SweepPoint], spec: SweepSpec) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a sweep on a fresh engine and local runner; print every point and the time."""
-    ap = argparse.ArgumentParser(prog="python -m engine.sweep",
+    ap = argparse.ArgumentParser(prog="python -m workloads.sweep",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--users", default=",".join(map(str, DEFAULT_USERS)),
                     help="comma-separated user counts")
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     prompts = [[{"role": "user", "content": a.prompt}]] if a.prompt else varied_prompts()
-    with Engine() as engine, LocalRunner(engine.session, n_ctx=2048) as local:
+    with Engine() as engine, LocalPC(engine.loaded, n_ctx=2048) as local:
         dc = engine.stats(steps_after=None)
         print(f"model {dc.model} on {dc.device}, {dc.dtype} ({dc.dtype_reason}), "
               f"{torch.get_num_threads()} threads")

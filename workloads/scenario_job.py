@@ -21,9 +21,9 @@ import uuid
 
 from engine.config import EngineConfig
 from engine.engine import Engine, EngineStats
-from engine.models.session import ModelSession
+from engine.models.loaded import LoadedModel
 from engine.outputs import RequestHandle
-from engine.scenarios import Scenario, ScenarioResult, run_scenario
+from workloads.scenarios import Scenario, ScenarioResult, run_scenario
 
 
 def scenario_config(
@@ -50,13 +50,13 @@ class ScenarioJob:
     settings are impossible (nothing started then)."""
 
     def __init__(
-        self, scenario: Scenario, session: ModelSession, *, block_size: int | None = None,
+        self, scenario: Scenario, loaded: LoadedModel, *, block_size: int | None = None,
         prefix_caching: bool | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = scenario_config(scenario, block_size, prefix_caching)
         self.job_id = f"kv-{uuid.uuid4().hex[:6]}"
-        self.engine = Engine(self.config, session=session)
+        self.engine = Engine(self.config, loaded=loaded)
         self.result: ScenarioResult | None = None
         self.error: str | None = None
         self.final_stats: EngineStats | None = None

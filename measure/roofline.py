@@ -1,6 +1,6 @@
 """The roofline of the machine the app runs on, for the model it serves: decode tokens/s in
-total and per user over batch sizes, from `engine.calibrate` (measured bandwidth and matmul
-FLOP/s) and `engine.hardware` (the projection). The sweep page draws it beneath its
+total and per user over batch sizes, from `measure.calibrate` (measured bandwidth and matmul
+FLOP/s) and `measure.hardware` (the projection). The sweep page draws it beneath its
 measured points; the benchmark prints `mix_floor`, the least time its requests could take
 here (every prompt token computed), batched and one at a time.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from engine import hardware
-from engine.calibrate import Calibration
+from measure import hardware
+from measure.calibrate import Calibration
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Roofline:
 
 
 def model_profile_key(spec: Any) -> str | None:
-    """The `engine.hardware` model profile with this architecture (a ModelSpec), if any."""
+    """The `measure.hardware` model profile with this architecture (a ModelSpec), if any."""
     for m in hardware.MODELS.values():
         if (m.layers, m.hidden_size, m.num_kv_heads, m.head_dim) == (
                 spec.num_layers, spec.hidden_size, spec.num_kv_heads, spec.head_dim):

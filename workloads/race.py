@@ -31,11 +31,11 @@ import torch
 
 from engine.config import SamplingParams
 from engine.engine import Engine
-from engine.job import BackgroundJob
-from engine.local import LocalRunner
+from engine.local import LocalPC
 from engine.metrics import RunSummary, summarize
-from engine.models.session import Prompt
+from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
+from workloads.job import BackgroundJob
 
 SIDES = ("datacenter", "local")
 LABELS = {"datacenter": "datacenter", "local": "local PC"}
@@ -85,7 +85,7 @@ class RaceSnapshot:
 @dataclass
 class _Side:
     name: str
-    runner: Engine | LocalRunner
+    runner: Engine | LocalPC
     handles: list[RequestHandle] = field(default_factory=list)
     t0: float | None = None
     t_end: float | None = None
@@ -123,7 +123,7 @@ class Race(BackgroundJob):
     """
 
     def __init__(
-        self, engine: Engine, local: LocalRunner, prompts: list[Prompt],
+        self, engine: Engine, local: LocalPC, prompts: list[Prompt],
         params: SamplingParams, *, you: int = 0, order: tuple[str, ...] = SIDES,
         heartbeat_timeout: float | None = 5.0, interval: float = 0.1,
         close_local: bool = False, connected: Callable[[], bool] | None = None,
@@ -147,7 +147,7 @@ class Race(BackgroundJob):
 
     # ---- set-up ----------------------------------------------------------------------
     def _encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        session, cache = self.engine.session, {}
+        loaded, cache = self.engine.loaded, {}
         dc_limit = min(self.engine.max_model_len, self.engine.pool_tokens)
         dc_where = ("datacenter model context" if self.engine.max_model_len <= self.engine.pool_tokens
                     else "datacenter KV pool")
@@ -155,7 +155,7 @@ class Race(BackgroundJob):
         for prompt in prompts:
             key = repr(prompt)
             if key not in cache:
-                ids = session.encode(prompt)
+                ids = loaded.encode(prompt)
                 n = len(ids)
                 err = (_fit_error(n, self.params.max_tokens, dc_limit, dc_where)
                        or _fit_error(n, self.params.max_tokens, self.local.n_ctx,
@@ -272,8 +272,8 @@ class Race(BackgroundJob):
         if isinstance(side.runner, Engine):
             after = max(side.t0, side.last_step_start)
             stats = side.runner.stats(steps_after=after)
-            per_token = side.runner.session.model.spec.kv_bytes_per_token(
-                side.runner.session.model.dtype)
+            per_token = side.runner.loaded.model.spec.kv_bytes_per_token(
+                side.runner.loaded.model.dtype)
             kv = stats.kv
             reserved, used = kv.used_blocks * kv.block_size * per_token, kv.used_slots * per_token
             steps = list(stats.recent_steps)
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt", default="Explain why the sky is blue.")
     args = ap.parse_args(argv)
-    with Engine() as engine, LocalRunner(engine.session) as local:
+    with Engine() as engine, LocalPC(engine.loaded) as local:
         prompts = [[{"role": "user", "content": args.prompt}]] * args.users
         race = Race(engine, local, prompts, SamplingParams(max_tokens=args.max_tokens),
                     heartbeat_timeout=None).start()

@@ -23,13 +23,13 @@ from engine.outputs import RequestHandle
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the package allows 3.10
     from typing import Self
 
-    from engine.local import LocalRunner
+    from engine.local import LocalPC
 
 
 class BackgroundJob:
     """A workload on its own thread that cancels itself once the page stops touching it."""
 
-    def __init__(self, name: str, heartbeat_timeout: float | None, local: LocalRunner,
+    def __init__(self, name: str, heartbeat_timeout: float | None, local: LocalPC,
                  close_local: bool, connected: Callable[[], bool] | None = None) -> None:
         self.heartbeat_timeout, self.connected = heartbeat_timeout, connected
         self.local, self.close_local = local, close_local

@@ -1,6 +1,6 @@
 """Measure this machine: memory bandwidth, matmul FLOP/s and memory size, in a few seconds.
 
-The result feeds `engine.hardware.this_machine_profile`, so the roofline can place the
+The result feeds `measure.hardware.this_machine_profile`, so the roofline can place the
 machine the app runs on next to the reference hardware. Cached per process.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import compute
+from engine.models.device import device_name
 
 GB = 1e9
 GIB = 2**30
@@ -144,17 +144,3 @@ def _memory_gib(device: str) -> tuple[float, float]:
         return info["MemTotal"] / GIB, info.get("MemAvailable", info.get("MemFree", 0)) / GIB
     page = os.sysconf("SC_PAGE_SIZE")
     return (os.sysconf("SC_PHYS_PAGES") * page / GIB, os.sysconf("SC_AVPHYS_PAGES") * page / GIB)
-
-
-def device_name(device: str) -> str:
-    """The GPU model, or the CPU model name and the torch thread count."""
-    if device == "cuda":
-        return torch.cuda.get_device_name(0)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()}, {torch.get_num_threads()} threads"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"

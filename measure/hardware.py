@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from engine.calibrate import Calibration
+    from measure.calibrate import Calibration
 
 GB = 1e9
 GIB = 2**30
@@ -327,4 +327,35 @@ def this_machine_profile(calibration: Calibration) -> HardwareProfile:
     offload = c.offload_bandwidth_gbs or 2.0  # CPU: spill to disk; assume a plain SSD
     kind = "gpu" if c.device.startswith("cuda") else "cpu"
     return HardwareProfile("this_machine", f"This machine ({c.device_name})", c.memory_available_gb,
-                           c.bandwidth_gbs, c.tflops, offload, kind, "measured by engine.calibrate")
+                           c.bandwidth_gbs, c.tflops, offload, kind, "measured by measure.calibrate")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Projected speed of a (device, model) pair that local tokens are paced to."""
+
+    device_profile: str
+    model_profile: str
+    precision: str = "fp16"
+
+    def __post_init__(self) -> None:
+        get_hardware(self.device_profile)  # raises ValueError naming the field
+        get_model(self.model_profile)
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision: unknown {self.precision!r} (known: {', '.join(PRECISIONS)})")
+
+    @property
+    def label(self) -> str:
+        hw = get_hardware(self.device_profile)
+        model = get_model(self.model_profile)
+        return f"emulated: {model.name} {self.precision} on {hw.name} (projected)"
+
+    def decode_seconds(self, context: int) -> float:
+        proj = decode_tokens_per_s(
+            self.model_profile, self.precision, self.device_profile, batch=1, context=context)
+        return 1.0 / proj.per_user
+
+    def prefill_seconds(self, prompt_tokens: int) -> float:
+        return prefill_seconds(
+            self.model_profile, self.precision, self.device_profile, prompt_tokens)

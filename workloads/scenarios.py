@@ -9,7 +9,7 @@ once first (not counted), and with `stagger=True` each user arrives when the one
 its first token (users arriving in the same step would all miss: no block is cached until
 its prefill step ends).
 
-`python -m engine.scenarios shared_prefix` runs one with prefix caching on and off and
+`python -m workloads.scenarios shared_prefix` runs one with prefix caching on and off and
 prints the figures side by side.
 """
 
@@ -227,23 +227,23 @@ def _preemptions(server: ServingBase) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run a scenario with prefix caching on, then off, and print both."""
     from engine.engine import Engine
-    from engine.models.session import ModelSession
+    from engine.models.loaded import LoadedModel
 
-    ap = argparse.ArgumentParser(prog="python -m engine.scenarios", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m workloads.scenarios", description=main.__doc__)
     ap.add_argument("scenario", nargs="?", default="shared_prefix", choices=list(SCENARIOS))
     ap.add_argument("--model", help="local HF folder or .gguf (default: the bundled model)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     a = ap.parse_args(argv)
     sc = get(a.scenario)
-    session = ModelSession.load(a.model, a.device, a.dtype)
+    loaded = LoadedModel.load(a.model, a.device, a.dtype)
     print(f"{sc.title}: {sc.num_users} users, max_tokens {sc.max_tokens}, "
-          f"{'staggered' if sc.stagger else 'all at once'}; {session.name} on "
-          f"{session.model.device}, {str(session.model.dtype).removeprefix('torch.')}")
+          f"{'staggered' if sc.stagger else 'all at once'}; {loaded.name} on "
+          f"{loaded.model.device}, {str(loaded.model.dtype).removeprefix('torch.')}")
     print(f"{'prefix caching':<16}{'hit rate':>10}{'TTFT p50 ms':>13}{'preempted':>11}")
     ttft = {}
     for on in (True, False):
-        with Engine(sc.engine_config(enable_prefix_caching=on), session=session) as eng:
+        with Engine(sc.engine_config(enable_prefix_caching=on), loaded=loaded) as eng:
             eng.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
             res = run_scenario(eng, sc)
         ttft[on] = res.ttft_p50

@@ -1,6 +1,6 @@
 """Benchmark: this engine against transformers on the same requests, in one run.
 
-`python -m engine.bench [--quick] [--only engine,hf_static] [--json PATH]` prints output
+`python -m measure.bench [--quick] [--only engine,hf_static] [--json PATH]` prints output
 tokens/s and TTFT/TPOT p50/p99 per run, then the ratios. Every request of a run arrives at
 the run's start (all submitted at once), greedy, EOS ignored; all latency figures come from
 `engine.metrics.summarize` over `RequestMetrics` built from `time.monotonic()` stamps.
@@ -23,15 +23,16 @@ from typing import Any
 
 import torch
 
-from engine import compute, hardware
-from engine.calibrate import calibrate
+from engine import compute
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine, StepStats
-from engine.local import LocalRunner
+from engine.local import LocalPC
 from engine.metrics import RequestMetrics, RunSummary, summarize
 from engine.models import native
-from engine.models.session import ModelSession, freeze_heap
-from engine.roofline import machine_profile, mix_floor, model_profile_key
+from engine.models.loaded import LoadedModel, freeze_heap
+from measure import hardware
+from measure.calibrate import calibrate
+from measure.roofline import machine_profile, mix_floor, model_profile_key
 
 TEXT = (
     "The old lighthouse stood at the edge of the cliff for more than a century, guiding ships "
@@ -107,9 +108,9 @@ class _StepClock:
 
 @dataclass
 class BenchContext:
-    """What every run needs: the shared session, the requests, the options."""
+    """What every run needs: the shared loaded, the requests, the options."""
 
-    session: ModelSession
+    loaded: LoadedModel
     requests: list[BenchRequest]
     concurrency: list[int]
     static_batch: int = 32
@@ -119,19 +120,19 @@ class BenchContext:
         """The transformers reference model, same weights folder, dtype and device."""
         from transformers import AutoModelForCausalLM
 
-        m = self.session.model
+        m = self.loaded.model
 
         def load() -> Any:
-            hf = AutoModelForCausalLM.from_pretrained(self.session.folder, dtype=m.dtype)
+            hf = AutoModelForCausalLM.from_pretrained(self.loaded.folder, dtype=m.dtype)
             return hf.to(m.device).eval()
 
         hf = compute.run(load)
-        freeze_heap()  # as ModelSession.load does: no full-heap GC pauses in any run
+        freeze_heap()  # as LoadedModel.load does: no full-heap GC pauses in any run
         return hf
 
     @property
     def pad_id(self) -> int:
-        tok = self.session.tokenizer
+        tok = self.loaded.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
     def hf_generate(self, reqs: list[BenchRequest], new_tokens: int) -> list[float]:
@@ -147,7 +148,7 @@ class BenchContext:
         for i, r in enumerate(reqs):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             mask[i, width - len(r.prompt_ids):] = 1
-        dev = self.session.model.device
+        dev = self.loaded.model.device
         clock = _StepClock()
         with torch.inference_mode():
             self.hf_model.generate(
@@ -226,7 +227,7 @@ def run_engine(ctx: BenchContext) -> list[RunResult]:
     results = []
     for c in ctx.concurrency:
         print(f"  engine@{c} ...", file=sys.stderr, flush=True)
-        with Engine(EngineConfig(max_num_seqs=c), session=ctx.session) as eng:
+        with Engine(EngineConfig(max_num_seqs=c), loaded=ctx.loaded) as eng:
             eng.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
             warm_steps = eng.stats().num_steps
             params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in ctx.requests]
@@ -277,7 +278,7 @@ def step_breakdown(steps: list[StepStats]) -> dict[str, float]:
 def run_local(ctx: BenchContext) -> list[RunResult]:
     """The local PC: one user alone, then every request queued on one PC (sequential)."""
     results = []
-    with LocalRunner(ctx.session, n_ctx=2048) as local:
+    with LocalPC(ctx.loaded, n_ctx=2048) as local:
         local.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         for name, reqs in (("local@1", ctx.requests[:1]),
                            (f"local@{len(ctx.requests)}", ctx.requests)):
@@ -292,15 +293,15 @@ def run_local(ctx: BenchContext) -> list[RunResult]:
 FLOOR_ELSEWHERE = ("h100", "rtx4090")  # reference hardware the floor ratio is also shown for
 
 
-def roofline_floor(session: ModelSession, reqs: list[BenchRequest],
+def roofline_floor(loaded: LoadedModel, reqs: list[BenchRequest],
                    concurrency: int) -> dict[str, Any] | None:
-    """The mix's roofline floors (`engine.roofline.mix_floor`) on this machine, measured by
-    `engine.calibrate` (about 3 s), and its ratio on reference GPUs; None for a model with
+    """The mix's roofline floors (`measure.roofline.mix_floor`) on this machine, measured by
+    `measure.calibrate` (about 3 s), and its ratio on reference GPUs; None for a model with
     no profile in engine/hardware.py."""
-    key = model_profile_key(session.model.spec)
+    key = model_profile_key(loaded.model.spec)
     if key is None:
         return None
-    model = session.model
+    model = loaded.model
     cal = calibrate(device="cuda" if model.device.type == "cuda" else "cpu")
     here = machine_profile(cal, model.dtype)
     lens = [len(r.prompt_ids) for r in reqs], [r.max_tokens for r in reqs]
@@ -319,7 +320,7 @@ def floor_lines(floor: dict[str, Any], results: list[RunResult]) -> list[str]:
     eng, loc = f"engine@{f['concurrency']}", f"local@{f['requests']}"
     best = {eng: f["output_tokens"] / f["batched_s"], loc: f["output_tokens"] / f["sequential_s"]}
     lines = [f"roofline floor of this mix here ({f['bandwidth_gbs']:.1f} GB/s, "
-             f"{f['tflops']:.2f} TFLOPS {f['dtype']}, measured by engine.calibrate; no "
+             f"{f['tflops']:.2f} TFLOPS {f['dtype']}, measured by measure.calibrate; no "
              f"overheads, no attention FLOPs): {eng} >= {f['batched_s']:.1f} s "
              f"({best[eng]:.0f} tok/s), {loc} >= {f['sequential_s']:.1f} s ({best[loc]:.0f} "
              f"tok/s): batching alone can buy {f['ratio']:.1f}x on this machine"]
@@ -418,7 +419,7 @@ def report(results: list[RunResult], floor: dict[str, Any] | None = None) -> str
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line; `--quick` and `--requests` resolve into n, lengths, concurrency."""
-    ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m measure.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 short requests, concurrency 1,8,16")
     ap.add_argument("--requests", type=int, help="number of requests (default 64, quick 16)")
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(RUNS)}, run in the "
@@ -465,14 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     print("loading model ...", file=sys.stderr, flush=True)
-    session = ModelSession.load(a.model, a.device, a.dtype)
-    corpus = list(session.tokenizer(TEXT, add_special_tokens=False)["input_ids"])
+    loaded = LoadedModel.load(a.model, a.device, a.dtype)
+    corpus = list(loaded.tokenizer(TEXT, add_special_tokens=False)["input_ids"])
     reqs = make_requests(corpus, a.n, a.seed, a.prompt_len, a.max_tok)
-    ctx = BenchContext(session, reqs, a.conc)
-    floor = roofline_floor(session, reqs, a.conc[-1])
-    dtype = str(session.model.dtype).removeprefix("torch.")
-    print(f"model {session.name} on {session.model.device}, dtype {dtype} "
-          f"({session.dtype_reason}), {torch.get_num_threads()} threads; {native.status()}")
+    ctx = BenchContext(loaded, reqs, a.conc)
+    floor = roofline_floor(loaded, reqs, a.conc[-1])
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    print(f"model {loaded.name} on {loaded.model.device}, dtype {dtype} "
+          f"({loaded.dtype_reason}), {torch.get_num_threads()} threads; {native.status()}")
     print(f"{a.n} requests (seed {a.seed}): prompt {a.prompt_len[0]}-{a.prompt_len[1]} tokens, "
           f"max_tokens {a.max_tok[0]}-{a.max_tok[1]}, greedy, EOS ignored; "
           f"{sum(r.max_tokens for r in reqs)} output tokens per run")
@@ -494,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         results += got
         print(f"run {name} done in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
         if a.json:
-            save_json(a.json, a, session, dtype, results, floor, complete=name == a.only[-1])
+            save_json(a.json, a, loaded, dtype, results, floor, complete=name == a.only[-1])
     print("\n" + report(results, floor))
     return 0
 
@@ -519,10 +520,10 @@ def report_saved(paths: list[str]) -> str:
     return head + "\n\n" + report(results, next((d["floor"] for d in docs if d.get("floor")), None))
 
 
-def save_json(path: str, a: argparse.Namespace, session: ModelSession, dtype: str,
+def save_json(path: str, a: argparse.Namespace, loaded: LoadedModel, dtype: str,
               results: list[RunResult], floor: dict[str, Any] | None, complete: bool) -> None:
     """Write the figures so far; called after every run, so a killed bench keeps them."""
-    doc = {"model": session.name, "device": str(session.model.device), "dtype": dtype,
+    doc = {"model": loaded.name, "device": str(loaded.model.device), "dtype": dtype,
            "threads": torch.get_num_threads(), "requests": a.n, "seed": a.seed,
            "complete": complete,
            "runs": {r.name: {"summary": r.summary.as_dict() if r.summary else None,

@@ -1,0 +1,1 @@
+"""Measurement: hardware datasheets and projections, the roofline cost model, calibration, the bench."""

@@ -1,0 +1,1 @@
+"""What drives a serving side: the race, the load sweep, scripted scenarios, background jobs."""
