@@ -1,4 +1,4 @@
-"""Helpers for the AppTest tests: a fresh shared engine per test, and run-until loops.
+"""Helpers for the AppTest tests: the app on its default page, and run-until loops.
 
 AppTest never fires `run_every` fragments, so a test reruns the whole app in a loop.
 """
@@ -9,21 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
-from ui import shared
-
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
-
-
-@pytest.fixture
-def fresh_engine():
-    """Every test starts with a newly built shared engine and ends by shutting it down.
-    The loaded weights (`loaded_model`) stay cached: they are read-only."""
-    shared.shared_engine.clear()
-    yield
-    shared.shared_engine.clear()  # on_release shuts the engine down, cancelling requests
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def new_app(timeout: float = 120, secrets: dict | None = None) -> AppTest:

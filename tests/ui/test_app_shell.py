@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest_ui import APP, fresh_engine, new_app, run_until, wait_idle  # noqa: F401
+from apptest import APP, new_app, run_until, wait_idle
 from streamlit.testing.v1 import AppTest
 
 from ui import arena, settings, shared

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest_ui import fresh_engine, metrics, new_app, run_until, wait_idle  # noqa: F401
+from apptest import metrics, new_app, run_until, wait_idle
 
 from ui import arena, shared
 from ui.presets import load_presets

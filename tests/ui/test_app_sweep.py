@@ -6,7 +6,7 @@ import io
 
 import pandas as pd
 import pytest
-from conftest_ui import fresh_engine, new_app, run_until, wait_idle  # noqa: F401
+from apptest import new_app, run_until, wait_idle
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 

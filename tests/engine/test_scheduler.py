@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kv_checks import check_invariants
 
 from engine.config import SamplingParams
 from engine.kv_cache import KVCacheManager
 from engine.metrics import RequestMetrics
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, Status
-from tests.test_kv_cache import check_invariants
 
 
 def make_seq(rid: str, prompt: list[int], max_tokens: int = 4) -> Sequence:

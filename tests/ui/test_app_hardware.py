@@ -27,7 +27,7 @@ from measure.hardware import (
 from ui import hardware_charts as charts
 from ui import hardware_view as view
 
-PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "hardware.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "hardware.py")
 UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 
 

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from kv_checks import check_invariants
 
 from engine.kv_cache import KVCacheManager
-
-
-def check_invariants(kv: KVCacheManager) -> None:
-    s = kv.stats()
-    assert s.free_blocks + s.used_blocks + s.cached_blocks == s.num_blocks
-    holders: dict[int, int] = {}
-    for table in kv.block_tables.values():
-        for b in table:
-            holders[b] = holders.get(b, 0) + 1
-    for blk in kv.blocks:
-        assert blk.ref_count == holders.get(blk.block_id, 0)
 
 
 def test_allocate_and_free_returns_every_block():

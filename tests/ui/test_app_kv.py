@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 import pytest
-from conftest_ui import fresh_engine, keyed, new_app, run_until, wait_idle  # noqa: F401
+from apptest import keyed, new_app, run_until, wait_idle
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
