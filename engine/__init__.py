@@ -1,20 +1,26 @@
 """batchlens engine: continuous batching over a paged KV cache, and the local-PC side."""
 
 from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineStats, StepStats
+from engine.core import EngineCore, StepStats
+from engine.engine import Engine
+from engine.local import LocalPC
 from engine.metrics import RequestMetrics, summarize
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestHandle, RequestOutput
+from engine.serving import ServingSide, ServingStats
 
 __all__ = [
     "Engine",
     "EngineConfig",
-    "EngineStats",
+    "EngineCore",
     "LoadedModel",
+    "LocalPC",
     "RequestHandle",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "ServingSide",
+    "ServingStats",
     "StepStats",
     "summarize",
 ]

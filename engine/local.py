@@ -21,20 +21,17 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Protocol
 
 from engine.config import SamplingParams
-from engine.detokenizer import IncrementalDetokenizer
-from engine.metrics import RequestMetrics
-from engine.models.loaded import LoadedModel, Prompt
-from engine.outputs import RequestHandle
+from engine.core import Request
+from engine.models.loaded import LoadedModel
 from engine.runner import ModelRunner
-from engine.sampler import make_generator
-from engine.sequence import Sequence, Status
-from engine.serving import ServingBase
+from engine.sequence import Status
+from engine.serving import ALL_STEPS, ServingBase, ServingStats
 from engine.stopping import append_token, make_output
 
+DEFAULT_N_CTX = 2048  # the local PC's context window, reserved whole per request
 LOCAL_BLOCK = 16
 PREFILL_CHUNK = 512  # llama.cpp's default micro-batch for prompt processing
 
@@ -50,36 +47,13 @@ class Pacing(Protocol):
     def decode_seconds(self, context: int) -> float: ...
 
 
-@dataclass(frozen=True)
-class LocalStats:
-    """A snapshot of the local side; KV figures in bytes."""
-
-    model: str
-    device: str
-    n_ctx: int
-    kv_bytes_per_token: int
-    running_id: str | None
-    waiting_ids: tuple[str, ...]
-    kv_reserved_bytes: int
-    kv_used_bytes: int
-    num_finished: int
-    num_output_tokens: int
-    emulated: str | None
-
-    @property
-    def num_running(self) -> int:
-        return int(self.running_id is not None)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting_ids)
-
-
 class LocalPC(ServingBase):
-    """Same surface as `Engine`: generate, submit (streaming handle), cancel, stats, shutdown."""
+    """One user at a time; the same surface as `Engine` (`engine.serving.ServingSide`)."""
+
+    _id_prefix = "local"
 
     def __init__(
-        self, loaded: LoadedModel | None = None, *, n_ctx: int = 2048,
+        self, loaded: LoadedModel | None = None, *, n_ctx: int = DEFAULT_N_CTX,
         pacing: Pacing | None = None, model: str | None = None, device: str = "auto",
         dtype: str = "auto",
     ) -> None:
@@ -98,29 +72,34 @@ class LocalPC(ServingBase):
         self.runner = ModelRunner(self.loaded.model, num_blocks, LOCAL_BLOCK)
         self._ids = itertools.count()
         self._cond = threading.Condition()
-        self._queue: deque[tuple[Sequence, RequestHandle]] = deque()
+        self._queue: deque[Request] = deque()
         self._cancels: set[str] = set()
-        self._current: Sequence | None = None
+        self._current: Request | None = None
         self._num_finished = self._num_output_tokens = 0
         self._stopped = False
         self._start_loop(self._loop, "batchlens-local")
 
     # ---- public API ----------------------------------------------------------------
-    def stats(self) -> LocalStats:
+    def stats(self, steps_after: float | None = ALL_STEPS) -> ServingStats:
+        """What is being served and queued, and the KV memory reserved for it (the local
+        side records no per-step timeline, so `steps_after` is accepted and unused)."""
         with self._cond:
             cur = self._current
-            used = cur.num_computed_tokens if cur is not None else 0
-            return LocalStats(
-                model=self.loaded.name,
-                device=str(self.loaded.model.device),
-                n_ctx=self.n_ctx,
-                kv_bytes_per_token=self.kv_bytes_per_token,
-                running_id=cur.request_id if cur is not None else None,
-                waiting_ids=tuple(s.request_id for s, _ in self._queue),
-                kv_reserved_bytes=(self.n_ctx * self.kv_bytes_per_token) if cur else 0,
-                kv_used_bytes=used * self.kv_bytes_per_token,
+            used = cur.seq.num_computed_tokens if cur is not None else 0
+            per_token = self.kv_bytes_per_token
+            return ServingStats(
+                **self._model_figures(),
+                num_running=int(cur is not None),
+                num_waiting=len(self._queue),
+                running_ids=(cur.request_id,) if cur is not None else (),
+                waiting_ids=tuple(r.request_id for r in self._queue),
                 num_finished=self._num_finished,
                 num_output_tokens=self._num_output_tokens,
+                kv_bytes_per_token=per_token,
+                kv_reserved_bytes=self.n_ctx * per_token if cur is not None else 0,
+                kv_used_bytes=used * per_token,
+                max_num_running=1,
+                n_ctx=self.n_ctx,
                 emulated=self.pacing.label if self.pacing else None,
             )
 
@@ -128,34 +107,17 @@ class LocalPC(ServingBase):
         self._stop_loop()
         with self._cond:
             while self._queue:
-                seq, handle = self._queue.popleft()
-                self._finish(seq, handle, IncrementalDetokenizer(self.loaded.tokenizer),
-                             "cancelled")
+                self._finish(self._queue.popleft(), "cancelled")
 
     # ---- internals -----------------------------------------------------------------
-    def _submit_many(self, prompts: list[Prompt], params: list[SamplingParams],
-                     ids: list[str | None]) -> list[RequestHandle]:
-        seqs = []
-        for prompt, p, rid in zip(prompts, params, ids, strict=True):
-            token_ids = self.loaded.encode(prompt)
-            if len(token_ids) + p.max_tokens > self.n_ctx:
-                raise ValueError(
-                    f"n_ctx: a {len(token_ids)}-token prompt plus max_tokens {p.max_tokens} "
-                    f"does not fit the local context window of {self.n_ctx} tokens")
-            seqs.append(Sequence(rid or f"local-{next(self._ids)}", token_ids, p,
-                                 RequestMetrics(arrival_time=0.0)))
-        handles = []
-        with self._cond:
-            if self._stopped:
-                raise RuntimeError("local runner is shut down")
-            now = time.monotonic()
-            for seq in seqs:
-                seq.metrics.arrival_time = now
-                h = RequestHandle(seq.request_id, seq.prompt_token_ids, self.cancel)
-                self._queue.append((seq, h))
-                handles.append(h)
-            self._cond.notify()
-        return handles
+    def _check_fits(self, token_ids: list[int], p: SamplingParams) -> None:
+        if len(token_ids) + p.max_tokens > self.n_ctx:
+            raise ValueError(
+                f"n_ctx: a {len(token_ids)}-token prompt plus max_tokens {p.max_tokens} "
+                f"does not fit the local context window of {self.n_ctx} tokens")
+
+    def _enqueue(self, request: Request) -> None:
+        self._queue.append(request)
 
     def _loop(self) -> None:
         while True:
@@ -164,27 +126,26 @@ class LocalPC(ServingBase):
                     self._cond.wait()
                 if self._stopped:
                     return
-                seq, handle = self._queue.popleft()
-                if seq.request_id in self._cancels:
-                    self._cancels.discard(seq.request_id)
-                    self._finish(seq, handle, IncrementalDetokenizer(self.loaded.tokenizer),
-                                 "cancelled")
+                request = self._queue.popleft()
+                if request.request_id in self._cancels:
+                    self._cancels.discard(request.request_id)
+                    self._finish(request, "cancelled")
                     continue
-                self._current = seq
-            self._serve(seq, handle)
+                self._current = request
+            self._serve(request)
 
-    def _serve(self, seq: Sequence, handle: RequestHandle) -> None:
+    def _serve(self, request: Request) -> None:
         """Prefill, then decode one token per step, alone on the machine."""
-        detok = IncrementalDetokenizer(self.loaded.tokenizer, seq.params.stop)
-        gens = {seq.request_id: make_generator(seq.params)}
+        seq, detok, handle = request.seq, request.detok, request.handle
+        gens = {seq.request_id: request.generator}
         table = {seq.request_id: list(range(self.runner.num_blocks))}
         eos = self.loaded.eos_token_ids
         seq.status = Status.RUNNING
         start = seq.metrics.first_scheduled_time = time.monotonic()
         release = start
-        emu = self.pacing
-        if emu:
-            release += emu.prefill_seconds(len(seq.prompt_token_ids))
+        pace = self.pacing
+        if pace:
+            release += pace.prefill_seconds(len(seq.prompt_token_ids))
         reason, error = None, None
         try:
             while reason is None:
@@ -199,26 +160,28 @@ class LocalPC(ServingBase):
                     seq.num_computed_tokens += n
                 if not sampled:
                     continue
-                if emu:
-                    release += emu.decode_seconds(seq.num_tokens) if seq.output_token_ids else 0
+                if pace:
+                    release += pace.decode_seconds(seq.num_tokens) if seq.output_token_ids else 0
                     delay = release - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
                     release = max(release, time.monotonic())
                 reason = append_token(seq, sampled[0], time.monotonic(), detok, eos, self.n_ctx)
                 self._num_output_tokens += 1
-                if reason is None:
+                if reason is None and handle is not None:
                     handle._push(detok.delta(), len(seq.output_token_ids))
         except Exception as exc:  # a failed request must not stop the queue
             reason, error = "error", f"{type(exc).__name__}: {exc}"
         with self._cond:
             self._current = None
-            self._finish(seq, handle, detok, reason, error)
+            self._finish(request, reason, error)
 
-    def _finish(self, seq: Sequence, handle: RequestHandle, detok: IncrementalDetokenizer,
-                reason: str, error: str | None = None) -> None:
+    def _finish(self, request: Request, reason: str, error: str | None = None) -> None:
+        seq, detok = request.seq, request.detok
         seq.status = Status.FINISHED
         seq.metrics.finish_time = time.monotonic()
         self._num_finished += 1
         label = self.pacing.label if self.pacing else None
-        handle._finish(make_output(seq, detok, reason, error, label), detok.delta(final=True))
+        if request.handle is not None:
+            request.handle._finish(make_output(seq, detok, reason, error, label),
+                                   detok.delta(final=True))

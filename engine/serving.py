@@ -1,21 +1,33 @@
-"""The request surface shared by the datacenter engine and the local runner.
+"""A serving side: the protocol every side speaks, its stats, and the shared base.
 
-Both queue requests for a background thread and hand back streaming handles; a subclass
-provides `_submit_many` (validate, queue, return handles) and `shutdown`, and owns the
-`_cond` / `_cancels` its loop reads.
+The datacenter engine and the local PC both queue requests for a background thread and
+hand back streaming handles; workloads and pages speak only `ServingSide` and read only
+`ServingStats`, so no caller tells the sides apart. A subclass of `ServingBase` provides
+`_check_fits` (does a prompt fit its limits), `_enqueue` (under `_cond`), `stats` and
+`shutdown`, and owns the `_cond` / `_cancels` its loop reads.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Protocol
 
 from engine.config import SamplingParams
-from engine.models.loaded import Prompt
+from engine.core import Request, StepStats
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache import KVCacheStats
+from engine.metrics import RequestMetrics
+from engine.models.loaded import LoadedModel, Prompt
 from engine.outputs import RequestHandle, RequestOutput
+from engine.sampler import make_generator
+from engine.sequence import Sequence
 
 # The loop's compute thread gives the GIL up around every tensor op and must win it back
 # from whatever else runs Python in the process (a page's script runs, a race's sampler).
@@ -25,11 +37,71 @@ from engine.outputs import RequestHandle, RequestOutput
 GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005"))
 
 
+ALL_STEPS = float("-inf")
+
+
+@dataclass(frozen=True)
+class ServingStats:
+    """A consistent snapshot of a serving side, safe to read from any thread. KV figures
+    in bytes; `kv` (the paged pool's blocks) and `recent_steps` only where a side has
+    them, `n_ctx` and `emulated` only on the local PC."""
+
+    model: str
+    device: str
+    dtype: str
+    dtype_reason: str
+    num_running: int
+    num_waiting: int
+    running_ids: tuple[str, ...]
+    waiting_ids: tuple[str, ...]
+    num_finished: int
+    num_output_tokens: int
+    kv_bytes_per_token: int
+    kv_reserved_bytes: int
+    kv_used_bytes: int
+    max_num_running: int = 0  # requests it serves at once (0: no known limit)
+    num_preemptions: int = 0
+    num_steps: int = 0
+    kv: KVCacheStats | None = None
+    recent_steps: tuple[StepStats, ...] = ()
+    n_ctx: int | None = None
+    emulated: str | None = None
+
+
+class ServingSide(Protocol):
+    """What workloads and pages may call on a side (the engine, the local PC, and later a
+    remote OpenAI-compatible server)."""
+
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None,
+               request_id: str | None = None) -> RequestHandle: ...
+
+    def submit_many(self, prompts: Seq[Prompt], params: Seq[SamplingParams],
+                    request_ids: Seq[str | None] | None = None) -> list[RequestHandle]: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def stats(self, steps_after: float | None = ALL_STEPS) -> ServingStats: ...
+
+    def shutdown(self) -> None: ...
+
+
 class ServingBase:
+    """Submission, cancel and the background loop's life, shared by both in-process sides."""
+
+    loaded: LoadedModel
     _cond: threading.Condition
     _cancels: set[str]
     _stopped: bool
     _thread: threading.Thread
+    _ids: itertools.count
+    _id_prefix = "req"
+
+    def _model_figures(self) -> dict[str, str]:
+        """The model, device and dtype fields of `ServingStats`."""
+        m = self.loaded.model
+        return {"model": self.loaded.name, "device": str(m.device),
+                "dtype": str(m.dtype).removeprefix("torch."),
+                "dtype_reason": self.loaded.dtype_reason}
 
     def _start_loop(self, target: Callable[[], None], name: str) -> None:
         """Start the background loop `target` on a daemon thread called `name`."""
@@ -45,13 +117,40 @@ class ServingBase:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
-    def _submit_many(
-        self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
-    ) -> list[RequestHandle]:
+    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Raise `ValueError` naming the limit when a request cannot be served."""
+        raise NotImplementedError
+
+    def _enqueue(self, request: Request) -> None:
+        """Queue a request for the loop (called under `_cond`)."""
         raise NotImplementedError
 
     def shutdown(self) -> None:
         raise NotImplementedError
+
+    def _submit_many(
+        self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
+    ) -> list[RequestHandle]:
+        """Encode and check every request first, then queue them all at one moment."""
+        seqs = []
+        for prompt, p, rid in zip(prompts, params, ids, strict=True):
+            token_ids = self.loaded.encode(prompt)
+            self._check_fits(token_ids, p)
+            rid = rid or f"{self._id_prefix}-{next(self._ids)}"
+            seqs.append(Sequence(rid, token_ids, p, RequestMetrics(arrival_time=0.0)))
+        handles = []
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError(f"{type(self).__name__} is shut down")
+            now = time.monotonic()
+            for seq in seqs:
+                seq.metrics.arrival_time = now
+                h = RequestHandle(seq.request_id, seq.prompt_token_ids, self.cancel)
+                detok = IncrementalDetokenizer(self.loaded.tokenizer, seq.params.stop)
+                self._enqueue(Request(seq, detok, make_generator(seq.params), h))
+                handles.append(h)
+            self._cond.notify()
+        return handles
 
     def submit(
         self, prompt: Prompt, params: SamplingParams | None = None,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import EngineStats
+from engine import ServingStats
 from ui import shared
 
 STATUS_REFRESH_S = 1.0
 
 
-def status_line(stats: EngineStats, mine_prefix: str | None) -> str:
+def status_line(stats: ServingStats, mine_prefix: str | None) -> str:
     """One line: requests running and waiting (all sessions, and how many are yours)."""
     ids = stats.running_ids + stats.waiting_ids
     yours = sum(1 for rid in ids if mine_prefix and rid.startswith(mine_prefix))

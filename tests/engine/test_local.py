@@ -15,12 +15,6 @@ pytestmark = pytest.mark.model
 PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"]
 
 
-@pytest.fixture(scope="module")
-def local(loaded):
-    with LocalPC(loaded, n_ctx=512) as runner:
-        yield runner
-
-
 def test_greedy_outputs_equal_the_engine(loaded, local):
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     ours = local.generate(PROMPTS, params)
@@ -37,7 +31,7 @@ def test_users_queue_one_after_another(local):
     while not handles[-1].done:
         time.sleep(0.01)
         s = local.stats()
-        if s.running_id is not None:
+        if s.running_ids:
             reserved.append((s.kv_reserved_bytes, s.kv_used_bytes, s.num_waiting))
     outs = [h.result(timeout=120) for h in handles]
     for k in range(1, len(outs)):

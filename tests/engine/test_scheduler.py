@@ -1,81 +1,168 @@
-"""Continuous batching without a model: hand-made outputs, small pools, block ids checked.
+"""Continuous batching without a model: the real `EngineCore` step with small pools.
 
-`FakeStep` stands in for the model runner (unit tests only): it marks scheduled tokens
-computed and appends a made-up sampled token, exactly as the engine's update does.
+`FakeRunner` stands in for the model runner and `FakeTokenizer` for the tokenizer (unit
+tests only): the runner samples token 7 for every request whose last token was computed,
+and the tokenizer spells token i as "<i>".
 """
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_checks import check_invariants
 
 from engine.config import SamplingParams
+from engine.core import EngineCore, Request
+from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import KVCacheManager
 from engine.metrics import RequestMetrics
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, Status
 
-
-def make_seq(rid: str, prompt: list[int], max_tokens: int = 4) -> Sequence:
-    return Sequence(rid, prompt, SamplingParams(max_tokens=max_tokens), RequestMetrics(0.0))
+EOS = 2
 
 
-def fake_step(sch: Scheduler, batch, token: int = 7) -> list[Sequence]:
-    """Apply a step's results as the engine would; return requests that finished."""
-    done = []
-    for seq, n in batch.entries:
-        seq.num_computed_tokens += n
-        sch.kv.record_computed(seq.request_id, seq.token_ids, seq.num_computed_tokens)
-        if seq.num_computed_tokens == seq.num_tokens:
-            seq.output_token_ids.append(token)
-            if len(seq.output_token_ids) >= seq.params.max_tokens:
-                sch.finish(seq)
-                done.append(seq)
-    return done
+class FakeTokenizer:
+    """Stand-in tokenizer: token i decodes to "<i>"."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+
+class FakeRunner:
+    """Stand-in model runner: checks every scheduled request holds blocks for what it
+    computes, and samples `token` where a request's last token was computed."""
+
+    def __init__(self, token: int = 7, fail: bool = False) -> None:
+        self.token, self.fail = token, fail
+        self.block_size = 1  # set by make_core
+
+    def execute(self, entries, block_tables, generators):
+        if self.fail:
+            raise RuntimeError("fake device lost")
+        out = {}
+        for i, (seq, n) in enumerate(entries):
+            held = len(block_tables[seq.request_id]) * self.block_size
+            assert held >= seq.num_computed_tokens + n, "scheduled without enough blocks"
+            if seq.num_computed_tokens + n == seq.num_tokens:
+                out[i] = self.token
+        return out
+
+
+def make_core(num_blocks: int, block_size: int, max_num_seqs: int = 4, budget: int = 100,
+              caching: bool = True, runner: FakeRunner | None = None) -> EngineCore:
+    kv = KVCacheManager(num_blocks, block_size, caching)
+    runner = runner or FakeRunner()
+    runner.block_size = block_size
+    return EngineCore(runner, kv, Scheduler(kv, max_num_seqs, budget),
+                      FakeTokenizer(), frozenset({EOS}), max_model_len=10_000)
+
+
+def add(core: EngineCore, rid: str, prompt: list[int], max_tokens: int = 4) -> Request:
+    seq = Sequence(rid, prompt, SamplingParams(max_tokens=max_tokens), RequestMetrics(0.0))
+    request = Request(seq, IncrementalDetokenizer(core.tokenizer))
+    core.add(request)
+    return request
+
+
+def entries(batch) -> list[tuple[str, int]]:
+    return [(s.request_id, n) for s, n in batch.entries]
 
 
 def test_token_budget_chunks_a_long_prompt_while_others_decode():
-    kv = KVCacheManager(num_blocks=20, block_size=4)
-    sch = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=8)
-    sch.add(make_seq("short", [1, 2, 3]))
-    b = sch.schedule()
-    assert [(s.request_id, n) for s, n in b.entries] == [("short", 3)]
-    fake_step(sch, b)
-    sch.add(make_seq("long", list(range(100, 120))))
-    b = sch.schedule()
-    assert [(s.request_id, n) for s, n in b.entries] == [("short", 1), ("long", 7)]
+    core = make_core(num_blocks=20, block_size=4, budget=8)
+    add(core, "short", [1, 3, 4])
+    b = core.schedule()
+    assert entries(b) == [("short", 3)]
+    core.update(b, core.execute(b))
+    add(core, "long", list(range(100, 120)))
+    b = core.schedule()
+    assert entries(b) == [("short", 1), ("long", 7)]
     assert b.num_tokens == 8
-    fake_step(sch, b)
-    b = sch.schedule()
-    assert [(s.request_id, n) for s, n in b.entries] == [("short", 1), ("long", 7)]
+    core.update(b, core.execute(b))
+    b = core.schedule()
+    assert entries(b) == [("short", 1), ("long", 7)]
 
 
 def test_max_num_seqs_limits_the_running_batch():
-    kv = KVCacheManager(num_blocks=20, block_size=4)
-    sch = Scheduler(kv, max_num_seqs=2, max_num_batched_tokens=100)
+    core = make_core(num_blocks=20, block_size=4, max_num_seqs=2)
     for i in range(3):
-        sch.add(make_seq(f"r{i}", [1, 2]))
-    b = sch.schedule()
+        add(core, f"r{i}", [1, 3])
+    b = core.schedule()
     assert [s.request_id for s, _ in b.entries] == ["r0", "r1"]
-    assert [s.request_id for s in sch.waiting] == ["r2"]
+    assert [s.request_id for s in core.scheduler.waiting] == ["r2"]
 
 
 def test_preempts_the_newest_when_blocks_run_out():
-    kv = KVCacheManager(num_blocks=5, block_size=2)
-    sch = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100)
-    a, b_ = make_seq("a", [1, 2, 3, 4], 10), make_seq("b", [5, 6, 7, 8], 10)
-    sch.add(a)
-    sch.add(b_)
-    batch = sch.schedule()
-    fake_step(sch, batch)  # a: 2 blocks + b: 2 blocks, both now hold 5 tokens
-    batch = sch.schedule()  # a needs a 3rd block: 1 free; b needs one too -> b preempted
+    core = make_core(num_blocks=5, block_size=2)
+    a = add(core, "a", [1, 3, 4, 5], 10).seq
+    b_ = add(core, "b", [5, 6, 7, 8], 10).seq
+    core.step()  # a: 2 blocks + b: 2 blocks, both now hold 5 tokens
+    batch = core.schedule()  # a needs a 3rd block: 1 free; b needs one too -> b preempted
     assert batch.num_preempted == 1
-    assert [s.request_id for s, _ in batch.entries] == ["a"]
+    assert entries(batch) == [("a", 1)]
     assert b_.status is Status.WAITING and b_.num_computed_tokens == 0
-    assert sch.waiting[0] is b_
-    assert "b" not in kv.block_tables
-    check_invariants(kv)
+    assert core.scheduler.waiting[0] is b_
+    assert "b" not in core.kv.block_tables and a.status is Status.RUNNING
+    check_invariants(core.kv)
+
+
+def test_step_streams_text_and_finishing_is_one_removal():
+    core = make_core(num_blocks=8, block_size=4)
+    add(core, "a", [1, 3, 4], max_tokens=2)
+    [first] = core.step()
+    assert (first.delta, first.num_tokens, first.output) == ("<7>", 1, None)
+    assert list(core.requests) == ["a"]
+    [last] = core.step()
+    assert last.output is not None and last.output.finish_reason == "length"
+    assert last.output.token_ids == [7, 7] and last.output.text == "<7><7>"
+    assert core.requests == {} and core.kv.stats().used_blocks == 0
+    assert core.num_finished == 1 and core.num_output_tokens == 2 and core.num_steps == 2
+    assert [s.num_prefill_tokens for s in core.steps] == [3, 0]
+    assert [s.num_decode_tokens for s in core.steps] == [0, 1]
+
+
+def test_eos_stops_a_request():
+    core = make_core(num_blocks=8, block_size=4, runner=FakeRunner(token=EOS))
+    add(core, "a", [1, 3], max_tokens=10)
+    [update] = core.step()
+    assert update.output is not None and update.output.finish_reason == "stop"
+
+
+def test_abort_frees_blocks_and_ends_as_cancelled():
+    core = make_core(num_blocks=8, block_size=4, max_num_seqs=1)
+    add(core, "a", [1, 3, 4, 5, 6], max_tokens=10)
+    add(core, "queued", [9, 9], max_tokens=10)
+    core.step()
+    update = core.abort("a")
+    assert update is not None and update.output.finish_reason == "cancelled"
+    assert core.abort("a") is None  # already gone
+    assert core.abort("queued").output.token_ids == []
+    assert core.requests == {} and not core.has_work
+    assert core.kv.stats().used_blocks == 0
+    check_invariants(core.kv)
+
+
+def test_a_failed_execute_fails_only_its_step_and_keeps_serving():
+    runner = FakeRunner(fail=True)
+    core = make_core(num_blocks=8, block_size=4, runner=runner)
+    add(core, "a", [1, 3, 4])
+    updates = core.step()
+    assert [u.output.finish_reason for u in updates] == ["error"]
+    assert "fake device lost" in updates[0].output.error
+    assert core.kv.stats().used_blocks == 0 and core.requests == {}
+    runner.fail = False
+    add(core, "b", [1, 3, 4], max_tokens=1)
+    [done] = core.step()
+    assert done.output.finish_reason == "length"
+
+
+def test_duplicate_request_ids_are_refused():
+    core = make_core(num_blocks=8, block_size=4)
+    add(core, "a", [1, 3])
+    with pytest.raises(AssertionError):
+        add(core, "a", [1, 3])
 
 
 @settings(max_examples=60, deadline=None)
@@ -97,33 +184,30 @@ def test_preempts_the_newest_when_blocks_run_out():
 def test_random_workloads_keep_invariants_and_leak_nothing(
     ops, block_size, num_blocks, budget, caching
 ):
-    kv = KVCacheManager(num_blocks, block_size, caching)
-    sch = Scheduler(kv, max_num_seqs=3, max_num_batched_tokens=budget)
-    prefixes = [[], [1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9], [40] * 8]
-    live: list[Sequence] = []
+    core = make_core(num_blocks, block_size, max_num_seqs=3, budget=budget, caching=caching)
+    prefixes = [[], [1, 3, 4, 5, 6, 8], [1, 3, 4, 9, 9], [40] * 8]
     capacity = num_blocks * block_size
+    finished: list[str] = []
     for i, (op, p, tail, max_tokens) in enumerate(ops):
         if op == "submit":
             prompt = prefixes[p] + [100 + i + j for j in range(tail)]
             if len(prompt) + max_tokens <= capacity:  # the engine rejects larger ones
-                seq = make_seq(f"r{i}", prompt, max_tokens)
-                sch.add(seq)
-                live.append(seq)
-        elif op == "cancel" and live:
-            seq = live.pop(p % len(live))
-            sch.finish(seq)
+                add(core, f"r{i}", prompt, max_tokens)
+        elif op == "cancel" and core.requests:
+            rid = list(core.requests)[p % len(core.requests)]
+            finished.append(core.abort(rid).output.request_id)
         else:
-            for seq in fake_step(sch, sch.schedule()):
-                live.remove(seq)
-        check_invariants(kv)
-        assert len(sch.running) <= 3
+            finished += [u.output.request_id for u in core.step() if u.output]
+        check_invariants(core.kv)
+        assert len(core.scheduler.running) <= 3
     # drain: everything finishes and every block comes back
     for _ in range(2000):
-        if not sch.has_work:
+        if not core.has_work:
             break
-        fake_step(sch, sch.schedule())
-        check_invariants(kv)
-    assert not sch.has_work
-    s = kv.stats()
-    assert s.used_blocks == 0 and not kv.block_tables
+        finished += [u.output.request_id for u in core.step() if u.output]
+        check_invariants(core.kv)
+    assert not core.has_work and core.requests == {}
+    assert len(finished) == len(set(finished)) == core.num_finished
+    s = core.kv.stats()
+    assert s.used_blocks == 0 and not core.kv.block_tables
     assert s.free_blocks + s.cached_blocks == num_blocks

@@ -81,7 +81,7 @@ def test_stop_while_queued_on_the_local_pc(engine, local):
     assert race.join(timeout=60)
     assert [o.finish_reason for o in race.outputs("local")] == ["cancelled"] * 3
     stats = local.stats()
-    assert stats.running_id is None and stats.num_waiting == 0
+    assert stats.running_ids == () and stats.num_waiting == 0
     assert not race.snapshot().sides["datacenter"].started
 
 

@@ -1,0 +1,191 @@
+"""The engine core: continuous batching as a plain object, with no thread and no lock.
+
+One step is three calls, and `step()` makes them in order::
+
+    batch = core.schedule()          which requests run, how many tokens each
+    out   = core.execute(batch)      the model's forward and sampling (never raises)
+    done  = core.update(batch, out)  tokens appended, text decoded, finished requests freed
+
+A test drives `add`, `abort` and `step()` directly with a stand-in model runner; the
+threaded `engine.engine.Engine` wraps the same calls with an inbox, a lock and streaming
+handles. Every request is one `Request` (its sequence, detokenizer and generator), so
+finishing it is one removal from `requests`.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache import KVCacheManager
+from engine.outputs import RequestHandle, RequestOutput
+from engine.scheduler import ScheduledBatch, Scheduler
+from engine.sequence import Sequence
+from engine.stopping import append_token, make_output
+
+MAX_RECORDED_STEPS = 16384
+
+
+class StepRunner(Protocol):
+    """What the core needs of a model runner (`engine.runner.ModelRunner`, or a stand-in)."""
+
+    def execute(
+        self, entries: list[tuple[Sequence, int]], block_tables: dict[str, list[int]],
+        generators: dict[str, torch.Generator | None],
+    ) -> dict[int, int]: ...
+
+
+@dataclass(eq=False)
+class Request:
+    """Everything the engine keeps about one request."""
+
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    generator: torch.Generator | None = None
+    handle: RequestHandle | None = None  # set by the threaded engine; the core ignores it
+
+    @property
+    def request_id(self) -> str:
+        return self.seq.request_id
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step, for the per-step timeline."""
+
+    start: float
+    duration: float
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    kv_usage: float
+    kv_used_slots: int
+    kv_reserved_slots: int
+
+
+@dataclass
+class ModelOutput:
+    """What `execute` produced: entry index -> sampled token, or the error that failed it."""
+
+    start: float
+    end: float
+    sampled: dict[int, int]
+    error: str | None = None
+
+
+@dataclass
+class RequestUpdate:
+    """What one request produced in a step: new text, its token count, and its final
+    output when the step finished it."""
+
+    request: Request
+    delta: str
+    num_tokens: int
+    output: RequestOutput | None = None
+
+
+class EngineCore:
+    """Scheduler, KV cache and model runner, stepped by the caller."""
+
+    def __init__(
+        self, runner: StepRunner, kv: KVCacheManager, scheduler: Scheduler, tokenizer: Any,
+        eos_token_ids: frozenset[int], max_model_len: int,
+    ) -> None:
+        self.runner, self.kv, self.scheduler = runner, kv, scheduler
+        self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
+        self.max_model_len = max_model_len
+        self.requests: dict[str, Request] = {}
+        self.steps: deque[StepStats] = deque(maxlen=MAX_RECORDED_STEPS)
+        self.num_steps = self.num_finished = self.num_output_tokens = 0
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def add(self, request: Request) -> None:
+        """Queue a request (validated by the caller)."""
+        assert request.request_id not in self.requests, request.request_id
+        self.requests[request.request_id] = request
+        self.scheduler.add(request.seq)
+
+    def abort(self, request_id: str) -> RequestUpdate | None:
+        """End a request as cancelled and free its blocks; None if it is not here."""
+        request = self.requests.get(request_id)
+        return self._finish(request, "cancelled") if request is not None else None
+
+    def step(self) -> list[RequestUpdate]:
+        """Schedule, execute and update once; what each request produced."""
+        batch = self.schedule()
+        if batch.is_empty:
+            return []
+        return self.update(batch, self.execute(batch))
+
+    # ---- the three calls ------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        return self.scheduler.schedule()
+
+    def execute(self, batch: ScheduledBatch) -> ModelOutput:
+        """Run the batch on the model; an exception fails only this step's requests."""
+        start = time.monotonic()
+        for seq, _ in batch.entries:
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = start
+        gens = {s.request_id: self.requests[s.request_id].generator for s, _ in batch.entries}
+        try:
+            sampled = self.runner.execute(batch.entries, self.kv.block_tables, gens)
+        except Exception as exc:  # fail only this step's requests; keep serving
+            traceback.print_exc()
+            return ModelOutput(start, time.monotonic(), {}, f"{type(exc).__name__}: {exc}")
+        return ModelOutput(start, time.monotonic(), sampled)
+
+    def update(self, batch: ScheduledBatch, out: ModelOutput) -> list[RequestUpdate]:
+        """Apply a step's results: computed tokens, sampled tokens, finished requests."""
+        if out.error is not None:
+            return [self._finish(self.requests[s.request_id], "error", out.error)
+                    for s, _ in batch.entries]
+        n_dec = sum(1 for s, n in batch.entries if n == 1 and s.num_remaining == 1)
+        for seq, n in batch.entries:
+            seq.num_computed_tokens += n
+            self.kv.record_computed(seq.request_id, seq.token_ids, seq.num_computed_tokens)
+        kvs = self.kv.stats()  # as the step left it, before finished requests free blocks
+        self.steps.append(StepStats(
+            start=out.start, duration=out.end - out.start, num_seqs=len(batch.entries),
+            num_prefill_tokens=batch.num_tokens - n_dec, num_decode_tokens=n_dec,
+            num_preempted=batch.num_preempted, kv_usage=kvs.usage,
+            kv_used_slots=kvs.used_slots, kv_reserved_slots=kvs.reserved_slots,
+        ))
+        self.num_steps += 1
+        updates = []
+        for i, (seq, _) in enumerate(batch.entries):
+            token = out.sampled.get(i)
+            if token is None:
+                continue
+            self.num_output_tokens += 1
+            request = self.requests[seq.request_id]
+            reason = append_token(seq, token, out.end, request.detok, self.eos_token_ids,
+                                  self.max_model_len)
+            if reason:
+                updates.append(self._finish(request, reason))
+            else:
+                updates.append(RequestUpdate(request, request.detok.delta(),
+                                             len(seq.output_token_ids)))
+        return updates
+
+    def _finish(self, request: Request, reason: str, error: str | None = None) -> RequestUpdate:
+        """End a request: free its blocks, build its final output."""
+        seq = request.seq
+        self.scheduler.finish(seq)
+        seq.finish_reason, seq.error = reason, error
+        seq.metrics.finish_time = time.monotonic()
+        del self.requests[seq.request_id]
+        self.num_finished += 1
+        output = make_output(seq, request.detok, reason, error)
+        return RequestUpdate(request, request.detok.delta(final=True),
+                             len(seq.output_token_ids), output)
