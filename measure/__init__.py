@@ -1,1 +1,2 @@
-"""Measurement: hardware datasheets and projections, the roofline cost model, calibration, the bench."""
+"""Measurement: hardware datasheets and projections on one roofline cost model
+(`hardware.step_cost`), this machine's calibration and roofline, CPU load, the bench."""

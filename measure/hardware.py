@@ -1,4 +1,5 @@
-"""Hardware and model profiles, and roofline projections of decode and prefill speed.
+"""Hardware and model profiles, and the one roofline cost model (`step_cost`) that every
+projection of decode and prefill speed here, the sweep's roofline and the bench's floor use.
 
 Units: bandwidths in decimal GB/s (vendors' convention), compute in dense bf16/fp16 TFLOPS,
 memory capacities in GiB (a "24 GB" card holds 24 × 2**30 bytes), sizes reported in GB (1e9).
@@ -176,17 +177,61 @@ def fits(model: ModelProfile | str, precision: str, hw: HardwareProfile | str,
     return FitReport(w, kv, w + kv, mem, w + kv <= mem, mem - w - kv)
 
 
-def _read_seconds(nbytes: float, h: HardwareProfile) -> tuple[float, float]:
-    """(seconds to read `nbytes` once, bytes offloaded): what fits at memory bandwidth."""
-    resident = min(nbytes, h.memory_bytes)
-    offloaded = nbytes - resident
-    secs = resident / (h.bandwidth_gbs * GB) + offloaded / (h.offload_bandwidth_gbs * GB)
-    return secs, offloaded
+@dataclass(frozen=True)
+class StepCost:
+    """One forward step by the roofline: what it reads and computes, and how long each takes."""
+
+    seconds: float  # max(memory_s, compute_s)
+    memory_s: float
+    compute_s: float
+    read_bytes: float  # streamed weights + KV read
+    offloaded_bytes: float  # the part of it read over the offload link
+
+    @property
+    def bound(self) -> str:
+        """"memory" | "compute" | "offload" (memory-bound, and part of it offloaded)."""
+        if self.compute_s > self.memory_s:
+            return "compute"
+        return "offload" if self.offloaded_bytes > 0 else "memory"
+
+
+def step_cost(model: ModelProfile | str, precision: str, hw: HardwareProfile | str,
+              tokens: int, logits: int, kv_tokens: int, kv_bytes: float = 2.0,
+              efficiency: float = 1.0) -> StepCost:
+    """The one roofline cost model: the time of a step computing `tokens` tokens, `logits` of
+    them with logits (each decode token, each prompt's last), over `kv_tokens` of KV cache.
+
+        memory  = (streamed weights + KV read) / bandwidth   (the part past device memory
+                  at the offload link's bandwidth)
+        compute = 2 × matmul params × tokens / (peak FLOP/s × efficiency)
+        step    = max(memory, compute)
+
+    Streamed weights: all but an untied embedding table (looked up, not multiplied); matmul
+    params: the LM head only for tokens whose logits are needed (`ModelProfile`). Attention
+    FLOPs and every overhead are left out: it is a ceiling.
+    """
+    _check("tokens", tokens, 1)
+    _check("kv_tokens", kv_tokens, 0)
+    if not 0 <= logits <= tokens:
+        raise ValueError(f"logits must be in [0, tokens={tokens}], got {logits}")
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
+    m, h = get_model(model), get_hardware(hw)
+    weights = weights_bytes(m, precision)  # all of them reside, an untied table included
+    kv = kv_tokens * kv_bytes_per_token(m, kv_bytes)
+    read = m.streamed_params() * PRECISIONS[precision] + kv
+    held = weights + kv
+    offloaded = min(read, max(0.0, held - h.memory_bytes))  # assume the table stays resident
+    memory_s = (read - offloaded) / (h.bandwidth_gbs * GB) + offloaded / (
+        h.offload_bandwidth_gbs * GB)
+    flops = 2 * (logits * m.matmul_params() + (tokens - logits) * m.matmul_params(logits=False))
+    compute_s = flops / (h.peak_tflops * 1e12 * efficiency)
+    return StepCost(max(memory_s, compute_s), memory_s, compute_s, read, offloaded)
 
 
 def decode_step_seconds(model: ModelProfile | str, precision: str, hw: HardwareProfile | str,
                         batch: int = 1, context: int = 0, kv_bytes: float = 2.0) -> float:
-    """max(weights + KV read / bandwidth (offload link past memory), 2·params·batch / FLOPs)."""
+    """One decode step of `batch` sequences of `context` tokens (`step_cost`)."""
     return decode_tokens_per_s(model, precision, hw, batch, context, kv_bytes).step_seconds
 
 
@@ -205,36 +250,33 @@ class DecodeProjection:
 def decode_tokens_per_s(model: ModelProfile | str, precision: str, hw: HardwareProfile | str,
                         batch: int = 1, context: int = 0, kv_bytes: float = 2.0
                         ) -> DecodeProjection:
-    """Decode speed at this batch and context, with the bound and a one-line explanation."""
-    m, h = get_model(model), get_hardware(hw)
-    report = fits(m, precision, h, context, batch, kv_bytes)
-    mem_s, offloaded = _read_seconds(report.total_bytes, h)
-    compute_s = 2 * m.params * batch / (h.peak_tflops * 1e12)
-    step = max(mem_s, compute_s)
-    read_gb = report.total_bytes / GB
-    if offloaded > 0 and mem_s >= compute_s:
-        bound = "offload"
-        note = (f"does not fit {h.memory_gb:g} GB: {offloaded / GB:.1f} of {read_gb:.1f} GB "
-                f"stream over the {h.offload_bandwidth_gbs:g} GB/s offload link every step")
-    elif mem_s >= compute_s:
-        bound = "memory"
+    """Decode speed at this batch and context (`step_cost`: one token per sequence, each
+    with logits, over batch × context tokens of KV), the bound and a one-line explanation."""
+    _check("context", context, 0)
+    _check("batch", batch, 1)
+    h = get_hardware(hw)
+    cost = step_cost(model, precision, h, batch, batch, batch * context, kv_bytes)
+    read_gb = cost.read_bytes / GB
+    if cost.bound == "offload":
+        note = (f"does not fit {h.memory_gb:g} GB: {cost.offloaded_bytes / GB:.1f} of "
+                f"{read_gb:.1f} GB stream over the {h.offload_bandwidth_gbs:g} GB/s offload "
+                "link every step")
+    elif cost.bound == "memory":
         note = f"memory-bound: each step reads {read_gb:.2f} GB at {h.bandwidth_gbs:g} GB/s"
     else:
-        bound = "compute"
         note = (f"compute-bound: batch {batch} is above B* ≈ {compute_bound_batch(h):.0f} "
                 f"for {h.peak_tflops:g} TFLOPS")
-    return DecodeProjection(batch, step, 1 / step, batch / step, bound, note)
+    step = cost.seconds
+    return DecodeProjection(batch, step, 1 / step, batch / step, cost.bound, note)
 
 
 def prefill_seconds(model: ModelProfile | str, precision: str, hw: HardwareProfile | str,
                     prompt_tokens: int, efficiency: float = 0.5) -> float:
-    """2 × params × tokens / (peak FLOPs × efficiency), and at least one read of the weights."""
+    """One step computing the whole prompt, logits for its last token only (`step_cost`,
+    compute at `efficiency` of peak); at least one read of the weights."""
     _check("prompt_tokens", prompt_tokens, 1)
-    if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
-    m, h = get_model(model), get_hardware(hw)
-    compute_s = 2 * m.params * prompt_tokens / (h.peak_tflops * 1e12 * efficiency)
-    return max(compute_s, _read_seconds(weights_bytes(m, precision), h)[0])
+    return step_cost(model, precision, hw, prompt_tokens, 1, prompt_tokens,
+                     efficiency=efficiency).seconds
 
 
 def compute_bound_batch(hw: HardwareProfile | str) -> float:
@@ -327,7 +369,8 @@ def this_machine_profile(calibration: Calibration) -> HardwareProfile:
     offload = c.offload_bandwidth_gbs or 2.0  # CPU: spill to disk; assume a plain SSD
     kind = "gpu" if c.device.startswith("cuda") else "cpu"
     return HardwareProfile("this_machine", f"This machine ({c.device_name})", c.memory_available_gb,
-                           c.bandwidth_gbs, c.tflops, offload, kind, "measured by measure.calibrate")
+                           c.bandwidth_gbs, c.tflops, offload, kind,
+                           "measured by measure.calibrate")
 
 
 @dataclass(frozen=True)

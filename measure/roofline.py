@@ -1,8 +1,7 @@
-"""The roofline of the machine the app runs on, for the model it serves: decode tokens/s in
-total and per user over batch sizes, from `measure.calibrate` (measured bandwidth and matmul
-FLOP/s) and `measure.hardware` (the projection). The sweep page draws it beneath its
-measured points; the benchmark prints `mix_floor`, the least time its requests could take
-here (every prompt token computed), batched and one at a time.
+"""The roofline of the machine the app runs on, for the model it serves: decode tokens/s over
+batch sizes (`roofline`, drawn by the sweep page beneath its measured points) and the least
+time a request mix could take (`mix_floor`, printed by the bench), from `measure.calibrate`
+(measured bandwidth and matmul FLOP/s) and `measure.hardware.step_cost`, the one cost model.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ def roofline(calibration: Calibration, model_key: str, dtype: torch.dtype,
              users: Sequence[int], context: int) -> Roofline:
     """Decode ceilings at each batch in `users` for weights and KV in `dtype`.
 
-    engine/hardware.py knows 2-, 1- and 0.5-byte precisions. A 2-byte dtype is its "fp16";
+    measure/hardware.py knows 2-, 1- and 0.5-byte precisions. A 2-byte dtype is its "fp16";
     a 4-byte float32 is projected as "fp16" on half the measured bandwidth (reading 4 bytes
     at B GB/s takes as long as 2 bytes at B/2). The compute roof is the matmul TFLOPS
     measured in the engine's dtype.
@@ -55,11 +54,11 @@ def roofline(calibration: Calibration, model_key: str, dtype: torch.dtype,
         p = hardware.decode_tokens_per_s(model_key, "fp16", profile, b, context, fp16)
         out.append({"users": b, "total": p.total, "per_user": p.per_user, "bound": p.bound})
     if nbytes == fp16:
-        note = (f"{name}: 2-byte weights and KV, projected as engine/hardware.py's fp16; "
+        note = (f"{name}: 2-byte weights and KV, projected as measure/hardware.py's fp16; "
                 f"{calibration.bandwidth_gbs:.1f} GB/s and {tflops:.2f} TFLOPS ({name} "
                 f"matmul) measured on this machine")
     else:
-        note = (f"{name}: {nbytes}-byte weights and KV. engine/hardware.py has no {nbytes}-byte "
+        note = (f"{name}: {nbytes}-byte weights and KV. measure/hardware.py has no {nbytes}-byte "
                 f"precision, so this is fp16 on {profile.bandwidth_gbs:.1f} GB/s: the measured "
                 f"{calibration.bandwidth_gbs:.1f} GB/s × 2/{nbytes} bytes; compute roof "
                 f"{tflops:.2f} TFLOPS ({name} matmul, measured)")
@@ -92,19 +91,6 @@ class MixFloor:
         return self.sequential_s / self.batched_s
 
 
-def _step_s(model: hardware.ModelProfile, hw: hardware.HardwareProfile, flops: float,
-            kv_tokens: int) -> float:
-    """One step: max(streamed weights + KV read / bandwidth, its matmul FLOPs / peak)."""
-    read = (model.streamed_params() * hardware.PRECISIONS["fp16"]
-            + kv_tokens * hardware.kv_bytes_per_token(model))
-    return max(read / (hw.bandwidth_gbs * 1e9), flops / (hw.peak_tflops * 1e12))
-
-
-def _prompt_flops(model: hardware.ModelProfile, tokens: int) -> float:
-    """A whole prompt's matmuls: logits for its last token only."""
-    return 2 * ((tokens - 1) * model.matmul_params(logits=False) + model.matmul_params())
-
-
 def mix_floor(prompt_lens: Sequence[int], output_lens: Sequence[int], concurrency: int,
               model: hardware.ModelProfile | str, hw: hardware.HardwareProfile | str) -> MixFloor:
     """Wall-time floors for requests that all arrive at once, with fp16 weights and KV.
@@ -112,8 +98,8 @@ def mix_floor(prompt_lens: Sequence[int], output_lens: Sequence[int], concurrenc
     Batched: first come, first served, at most `concurrency` running; a request's whole
     prompt is computed in the step that admits it (which also yields its first token), then
     one token per step. Sequential: the same steps at batch 1, request after request. A
-    step takes `_step_s`, with matmul FLOPs only (no attention, no overheads) and every
-    prompt token computed (no prefix cache), so the ratio is what batching alone can buy.
+    step takes `hardware.step_cost` (matmul FLOPs only, no attention, no overheads) with
+    every prompt token computed (no prefix cache), so the ratio is what batching alone can buy.
     """
     if len(prompt_lens) != len(output_lens) or not prompt_lens:
         raise ValueError("prompt_lens and output_lens must be non-empty and of one length")
@@ -122,18 +108,22 @@ def mix_floor(prompt_lens: Sequence[int], output_lens: Sequence[int], concurrenc
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     m, h = hardware.get_model(model), hardware.get_hardware(hw)
-    token = 2 * m.matmul_params()  # FLOPs of one decode token
+
+    def step_s(tokens: int, logits: int, kv_tokens: int) -> float:
+        return hardware.step_cost(m, "fp16", h, tokens, logits, kv_tokens).seconds
+
     sequential = 0.0
     for p, n in zip(prompt_lens, output_lens, strict=True):
-        sequential += _step_s(m, h, _prompt_flops(m, p), p)
-        sequential += sum(_step_s(m, h, token, c) for c in range(p, p + n - 1))
+        sequential += step_s(p, 1, p)  # the prompt, logits for its last token
+        sequential += sum(step_s(1, 1, c) for c in range(p, p + n - 1))
     waiting = list(range(len(prompt_lens)))[::-1]
     running: dict[int, int] = {}  # request -> tokens in its context
     batched = 0.0
     while waiting or running:
         new = [waiting.pop() for _ in range(min(len(waiting), concurrency - len(running)))]
-        flops = len(running) * token + sum(_prompt_flops(m, prompt_lens[i]) for i in new)
-        batched += _step_s(m, h, flops, sum(running.values()) + sum(prompt_lens[i] for i in new))
+        prompts = sum(prompt_lens[i] for i in new)
+        batched += step_s(len(running) + prompts, len(running) + len(new),
+                          sum(running.values()) + prompts)
         running = {i: c + 1 for i, c in running.items()} | {i: prompt_lens[i] for i in new}
         running = {i: c for i, c in running.items()
                    if c - prompt_lens[i] + 1 < output_lens[i]}  # tokens out so far: c - p + 1

@@ -39,7 +39,7 @@ from engine.local import LocalPC
 from engine.metrics import RequestMetrics, RunSummary, goodput, summarize
 from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
-from measure.bench import cpu_sample, others_busy
+from measure.cpu_load import cpu_sample, others_busy
 from workloads.job import BackgroundJob
 from workloads.race import LABELS, SIDES
 

@@ -4,17 +4,11 @@ import pytest
 
 from engine.engine import StepStats
 from engine.metrics import RequestMetrics, summarize
-from measure.bench import (
-    RUNS,
-    RunResult,
-    format_table,
-    make_requests,
-    others_busy,
-    parse_args,
-    ratios,
-    report,
-    step_breakdown,
-)
+from measure.bench.cli import parse_args
+from measure.bench.report import format_table, ratios, report, report_saved, save_json
+from measure.bench.requests import make_requests
+from measure.bench.runs import RUNS, RunResult, step_breakdown
+from measure.cpu_load import others_busy
 
 CORPUS = list(range(100, 400))
 
@@ -123,3 +117,16 @@ def test_report_prints_the_roofline_floor_and_the_share_reached():
     assert "engine@4 at 50%, local@4 at 50%" in text
     assert "H100 SXM 80 GB 9.5x" in text
     assert "floor" not in report(results)
+
+
+def test_saved_json_reprints_the_same_report(tmp_path):
+    results = [_run("engine@4", 0.01), RunResult("hf_static", na="skipped")]
+    results[0].extra = {"steps": 5, "preemptions": 0, "cached_prompt_tokens": 0,
+                        "kv_waste": 0.25, "others_cpu": 0.0}
+    info = {"model": "m", "device": "cpu", "dtype": "bfloat16", "threads": 2, "requests": 4,
+            "seed": 0}
+    path = tmp_path / "bench.json"
+    save_json(str(path), info, results, None, complete=True)
+    head, _, body = report_saved([str(path)]).partition("\n\n")
+    assert head.startswith("model m on cpu, dtype bfloat16, 2 threads; 4 requests (seed 0)")
+    assert body == report(results)

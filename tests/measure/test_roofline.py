@@ -1,5 +1,5 @@
-"""The roofline of this machine for the served model (engine/roofline.py): the same figures
-as engine/hardware.py, with float32 read as twice the bytes."""
+"""The roofline of this machine for the served model (measure/roofline.py): the same figures
+as measure/hardware.py, with float32 read as twice the bytes."""
 
 from __future__ import annotations
 
