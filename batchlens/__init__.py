@@ -1,0 +1,1 @@
+"""The `batchlens` command line (`batchlens.cli`)."""
