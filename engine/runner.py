@@ -176,17 +176,13 @@ class ModelRunner:
     ) -> dict[int, int]:
         """Run one step on the compute thread; map entry index -> sampled token for the
         requests whose last token was computed."""
-        return compute.run(self._execute, entries, block_tables, generators)
 
-    def _execute(
-        self,
-        entries: list[tuple[Sequence, int]],
-        block_tables: dict[str, list[int]],
-        generators: dict[str, torch.Generator | None],
-    ) -> dict[int, int]:
-        ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
-        logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
-        params = [entries[i][0].params for i in sampled]
-        gens = [generators.get(entries[i][0].request_id) for i in sampled]
-        tokens = sample(logits, params, gens)
-        return dict(zip(sampled, tokens, strict=True))
+        def step() -> dict[int, int]:
+            ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
+            logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
+            params = [entries[i][0].params for i in sampled]
+            gens = [generators.get(entries[i][0].request_id) for i in sampled]
+            tokens = sample(logits, params, gens)
+            return dict(zip(sampled, tokens, strict=True))
+
+        return compute.run(step)
