@@ -1,6 +1,6 @@
 """Hardware: does a model fit, how fast can it decode, and how long does an answer take,
-on a PC and in a datacenter. Every number is a roofline projection from engine/hardware.py
-(vendor datasheets) or a measurement of this machine (engine/calibrate.py)."""
+on a PC and in a datacenter. Every number is a roofline projection from measure/hardware.py
+(vendor datasheets) or a measurement of this machine (measure/calibrate.py)."""
 
 import streamlit as st
 

@@ -229,8 +229,9 @@ def decode(choice: Choice) -> None:
     c.metric("Bound by", p.bound)
     d.metric("Compute-bound batch B*", fmt_number(b_star))
     st.altair_chart(decode_chart(decode_frame(choice), b_star), width="stretch")
-    st.latex(r"t_\text{step} = \max\left(\frac{\text{weights} + \text{KV}}{\text{bandwidth}},\;"
-             r"\frac{2 \times \text{params} \times B}{\text{peak FLOP/s}}\right)")
+    st.latex(r"t_\text{step} = \max\left(\frac{\text{streamed weights} + \text{KV}}"
+             r"{\text{bandwidth}},\;\frac{2 \times \text{matmul params} \times B}"
+             r"{\text{peak FLOP/s}}\right)")
     st.latex(r"B^* \approx \frac{\text{peak FLOP/s}}{\text{bandwidth}} = "
              rf"\frac{{{_tex(h.peak_tflops)}\,\text{{TFLOPS}}}}"
              rf"{{{_tex(h.bandwidth_gbs)}\,\text{{GB/s}}}} \approx {_tex(b_star)}")
@@ -259,8 +260,9 @@ def response(choice: Choice) -> None:
              r"tokens}}{\text{tokens/s}} \\ "
              rf"&= {_tex(prefill)}\,\text{{s}} + "
              rf"\frac{{{answer}}}{{{_tex(rate)}}} = {_tex(total)}\,\text{{s}} \end{{aligned}}")
-    st.caption(f"Prefill of the {ctx:,}-token prompt = 2 × params × prompt tokens / (peak "
-               f"FLOP/s × {PREFILL_EFFICIENCY:g}), and at least one read of the weights. "
+    st.caption(f"Prefill of the {ctx:,}-token prompt = 2 × matmul params × prompt tokens / "
+               f"(peak FLOP/s × {PREFILL_EFFICIENCY:g}), with the LM head for the last token "
+               "only, and at least one read of the weights. "
                f"Tokens/s is at the mean context while answering ({mean_context:,} tokens), "
                f"batch {choice.batch}.")
 
