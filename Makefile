@@ -1,10 +1,13 @@
 # One command to set up and start the dashboard, one to set up and run the tests.
+#   make test         everything: lint, unit, model and browser tests (what CI runs)
+#   make test-fast    the inner loop: lint and the tests that need no model and no browser
+#   make screenshots  refresh the README's screenshots in assets/ from the browser tests
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench chromium compiler
+.PHONY: setup run test test-fast screenshots lint bench chromium compiler
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -33,8 +36,16 @@ test: setup chromium compiler
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not model and not browser"
+
+# a plain test run writes its screenshots to a temporary folder; this one into assets/
+screenshots: setup chromium
+	BATCHLENS_SCREENSHOTS=assets $(BIN)/python -m pytest -q -m browser tests/ui/test_browser.py
+
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: setup
-	$(BIN)/python -m measure.bench
+	$(BIN)/batchlens bench

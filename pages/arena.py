@@ -3,8 +3,7 @@
 from ui import arena, presenter
 
 arena.intro()
-if presenter.is_on():
-    presenter.scenario_bar(disabled=arena.is_running())
+presenter.scenario_bar()  # presenter mode only: the scripted scenarios, one click each
 arena.controls()
 arena.live()
 arena.how_measured()

@@ -17,6 +17,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 TEST_DEVICE = os.environ.get("BATCHLENS_TEST_DEVICE", "cpu")
 
 
+MODEL_FIXTURES = frozenset({"loaded", "hf_model", "tokenizer_dir", "tiny_models"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads the bundled model's files, directly or through another fixture, is
+    a `model` test even where its module forgot the mark: `make test-fast` never loads them."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
 @pytest.fixture(scope="session")
 def loaded() -> LoadedModel:
     """The bundled SmolLM2-135M-Instruct in float32 on CPU (real weights)."""
@@ -82,7 +93,7 @@ def tiny_models(tmp_path_factory, tokenizer_dir: Path) -> dict[str, Path]:
     return {k: build_tiny_model(k, root / k, tokenizer_dir) for k in ("llama", "qwen2")}
 
 
-# ---- for the race and sweep tests (modules that define their own override these) ----------
+# ---- the two serving sides on the shared float32 weights, one of each per test module -------
 @pytest.fixture(scope="module")
 def engine(loaded):
     """A small datacenter engine (64 KV blocks) on the shared float32 loaded."""

@@ -1,37 +1,35 @@
 """The arena page's parts: controls, the two live columns, the charts and the results.
 
-The race runs on its own thread (`workloads.race.Race`); the page only reads
-`race.snapshot()` from a fragment that reruns a few times a second, never waiting on the
-engine. Model output is shown with `st.code` (plain text), never as markdown or HTML.
+The race runs on its own thread (`workloads.race.Race`), held in this session's job slot;
+the page only reads `race.snapshot()` from a fragment that reruns a few times a second,
+never waiting on the engine. Model output is shown with `st.code` (plain text), never as
+markdown or HTML.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 
-import pandas as pd
 import streamlit as st
 
 from engine import SamplingParams
 from engine.local import LocalPC
 from measure.hardware import Emulation
-from ui import charts, frames, shared
-from ui.presets import load_presets, user_prompts
+from ui import charts, frames, method, shared
+from ui.job_slot import JobSlot
+from ui.palette import SIDE_NAMES
 from workloads import scenarios
+from workloads.prompts import Chat, load_prompts, user_prompts
 from workloads.race import Race, RaceSnapshot, SideView
+from workloads.sides import SIDES
 
-KEY_RACE = shared.RACE_KEY
-KEY_ERROR = "arena_error"
-KEY_SHOWN_RUNNING = "arena_shown_running"
-REFRESH_S = float(os.environ.get("BATCHLENS_REFRESH_S", "0.5"))  # live view, seconds
-HEARTBEAT_S = 5.0
-LOCAL_N_CTX = 2048
-TITLES = {"local": "Local PC — one user at a time", "datacenter": "Datacenter — batched"}
+SLOT: JobSlot[Race] = JobSlot("arena_race")
+TITLES = {"local": f"{SIDE_NAMES['local']} — one user at a time",
+          "datacenter": f"{SIDE_NAMES['datacenter']} — batched"}
 OTHERS = ("varied prompts", "the same prompt")
 KEY_SCENARIO = "arena_scenario"  # the scripted scenario last started, if any
 NO_PACE = "this machine's real speed"
-# Projections the local side can be paced to: (hardware, model, precision) in engine/hardware.py
+# Projections the local side can be paced to: (hardware, model, precision) in measure/hardware.py
 EMULATIONS: dict[str, tuple[str, str, str] | None] = {
     NO_PACE: None,
     "Llama-2-7B fp16 on a laptop CPU (projected)": ("laptop_cpu", "llama-2-7b", "fp16"),
@@ -41,23 +39,14 @@ EMULATIONS: dict[str, tuple[str, str, str] | None] = {
 }
 
 
-def current_race() -> Race | None:
-    return st.session_state.get(KEY_RACE)
-
-
-def is_running() -> bool:
-    race = current_race()
-    return race is not None and not race.finished
-
-
 LIVE_CHARTS = (  # (builder, columns) per chart, in page order: 2 x 2
     (charts.tokens_chart, frames.tokens_columns),
     (charts.latency_chart, frames.latency_columns),
     (charts.kv_chart, frames.kv_columns),
     (charts.batch_chart, frames.batch_columns),
 )
-EMPTY = RaceSnapshot("waiting", 0.0, {s: SideView.idle(s) for s in ("local", "datacenter")},
-                     [], [], [], [], False, None, None, None)
+EMPTY = RaceSnapshot("waiting", 0.0, {s: SideView.idle(s) for s in SIDES},
+                     [], [], [], [], False, None, None)
 
 
 @st.cache_resource(show_spinner=False)
@@ -77,9 +66,8 @@ def intro() -> None:
 # ---- controls ----------------------------------------------------------------------
 def controls() -> None:
     """Prompt, users, max tokens, temperature, Run and Stop; disabled while a race runs."""
-    ss, presets = st.session_state, load_presets()
-    running = is_running()
-    ss[KEY_SHOWN_RUNNING] = running
+    ss, presets = st.session_state, load_prompts()
+    running = SLOT.inputs_disabled()
     ss.setdefault("arena_prompt", next(iter(presets.presets.values())))
     left, right = st.columns([3, 2], gap="large")
     with left:
@@ -98,19 +86,13 @@ def controls() -> None:
         _local_device_choice(running)
         st.selectbox("Pace the local PC to", list(EMULATIONS), key="arena_pace",
                      disabled=running, help="Slow the local side down to the roofline "
-                     "projection of a bigger model on consumer hardware (engine/hardware.py); "
+                     "projection of a bigger model on consumer hardware (measure/hardware.py); "
                      "the label says so wherever its figures appear.")
     empty = not ss["arena_prompt"].strip()
-    run, stop, hint = st.columns([1, 1, 5], vertical_alignment="center")
-    run.button("Run", type="primary", key="arena_run", on_click=_on_run,
-               disabled=running or empty, width="stretch")
-    stop.button("Stop", key="arena_stop", on_click=_on_stop, disabled=not running,
-                width="stretch")
+    hint = SLOT.buttons("arena_stop", on_run=_on_run, run_key="arena_run", run_disabled=empty)
     if empty:
         hint.caption("Type a prompt (or pick a preset) to enable Run.")
-    error = ss.pop(KEY_ERROR, None)
-    if error:
-        st.error(error)
+    SLOT.show_error()
 
 
 def _local_device_choice(running: bool) -> None:
@@ -125,44 +107,37 @@ def _local_device_choice(running: bool) -> None:
 def _use_preset() -> None:
     name = st.session_state.get("arena_preset")
     if name:
-        st.session_state["arena_prompt"] = load_presets().presets[name]
+        st.session_state["arena_prompt"] = load_prompts().presets[name]
 
 
 def _on_run() -> None:
     ss = st.session_state
     prompts, you = user_prompts(
         ss["arena_prompt"], int(ss["arena_users"]), ss["arena_others"] == OTHERS[0],
-        bool(ss["arena_you_last"]), load_presets().others)
-    try:
-        params = SamplingParams(max_tokens=int(ss["arena_max_tokens"]),
-                                temperature=float(ss["arena_temperature"]))
-    except ValueError as exc:
-        ss[KEY_ERROR] = f"Not started: {exc}"
-        return
-    start_race(prompts, params, you, EMULATIONS.get(ss.get("arena_pace", NO_PACE)))
+        bool(ss["arena_you_last"]), load_prompts().others)
+    SLOT.start(lambda: _race(
+        prompts, SamplingParams(max_tokens=int(ss["arena_max_tokens"]),
+                                temperature=float(ss["arena_temperature"])),
+        you, EMULATIONS.get(ss.get("arena_pace", NO_PACE))))
 
 
-def start_race(prompts: list, params: SamplingParams, you: int = 0,
-               emulation: tuple[str, str, str] | None = None) -> None:
-    """Start this session's race; a bad setting leaves a message instead."""
-    ss, local = st.session_state, None
+def _race(prompts: list[Chat], params: SamplingParams, you: int,
+          emulation: tuple[str, str, str] | None) -> Race:
+    """A race on the shared engine and a local PC of its own, shut down with the race.
+    Raises `ValueError` (nothing left running) on an impossible setting."""
+    loaded = shared.local_model(st.session_state.get("arena_local_device", "cpu"))
+    local = LocalPC(loaded, pacing=Emulation(*emulation) if emulation else None)
     try:
-        loaded = shared.local_model(ss.get("arena_local_device", "cpu"))
-        pacing = Emulation(*emulation) if emulation else None
-        local = LocalPC(loaded, n_ctx=LOCAL_N_CTX, pacing=pacing)
-        race = Race(shared.shared_engine().engine, local, prompts, params, you=you,
-                    heartbeat_timeout=HEARTBEAT_S, close_local=True,
+        return Race(shared.shared_engine().engine, local, prompts, params, you=you,
+                    heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
                     connected=shared.session_connected())
-    except ValueError as exc:
-        if local is not None:
-            local.shutdown()
-        ss[KEY_ERROR] = f"Not started: {exc}"
-        return
-    ss[KEY_RACE] = race.start()
+    except BaseException:
+        local.shutdown()
+        raise
 
 
 def start_scenario(key: str) -> None:
-    """Play a scripted scenario (engine/scenarios.py) in the arena: fixed prompts, greedy."""
+    """Play a scripted scenario (workloads/scenarios.py) in the arena: fixed prompts, greedy."""
     sc = scenarios.get(key)
     ss = st.session_state
     ss["arena_prompt"] = sc.prompts[0][-1]["content"]
@@ -170,28 +145,20 @@ def start_scenario(key: str) -> None:
     ss["arena_temperature"] = 0.0
     ss["arena_pace"] = next((k for k, v in EMULATIONS.items() if v == sc.emulation), NO_PACE)
     ss[KEY_SCENARIO] = key
-    start_race([list(p) for p in sc.prompts], sc.params(0), 0, sc.emulation)
-
-
-def _on_stop() -> None:
-    race = current_race()
-    if race is not None:
-        race.stop()
+    SLOT.start(lambda: _race(list(sc.prompts), sc.params(0), 0, sc.emulation))
 
 
 # ---- the live view -----------------------------------------------------------------
 def live() -> None:
     """Both columns, the charts and, at the end, the results; refreshed while running."""
-    st.fragment(_live_view, run_every=REFRESH_S if is_running() else None)()
+    SLOT.live(_live_view)
 
 
-def _live_view() -> None:
-    race = current_race()
+def _live_view(race: Race | None) -> None:
     if race is None:  # the same layout, empty: pressing Run then only updates it
         st.info("Pick a prompt, set the number of users and press Run.")
         snap = EMPTY
     else:
-        race.touch()
         snap = race.snapshot()
     local_col, dc_col = st.columns(2, gap="large")
     emulation = race.local.pacing if race is not None else None
@@ -202,9 +169,6 @@ def _live_view() -> None:
     live_charts(snap)
     if snap.finished:
         results(snap)
-        if st.session_state.get(KEY_SHOWN_RUNNING):
-            st.session_state[KEY_SHOWN_RUNNING] = False
-            st.rerun()  # a full rerun re-enables the inputs
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -259,9 +223,9 @@ def results(snap: RaceSnapshot) -> None:
         st.warning("Abandoned: the page stopped refreshing, so the race cancelled its requests.")
     elif snap.phase == "stopped":
         st.warning("Stopped: every request of this race was cancelled and its KV blocks freed.")
-    elif snap.summary:
+    elif snap.ratio is not None:
         with st.container(key="summary"):
-            st.success(snap.summary)
+            st.success(summary_sentence(snap))
     df = frames.rows_frame(snap)
     if not df.empty:
         st.dataframe(df, hide_index=True)
@@ -269,14 +233,24 @@ def results(snap: RaceSnapshot) -> None:
                            file_name="batchlens-arena.csv", mime="text/csv")
 
 
+def summary_sentence(snap: RaceSnapshot) -> str:
+    """One sentence for a race that ran to the end: both sides' totals and their ratio."""
+    dc, loc = snap.sides["datacenter"], snap.sides["local"]
+    users = "1 user" if dc.num_users == 1 else f"{dc.num_users} users at once"
+    return (f"With {users}, the datacenter engine generated {_rate(dc.total_tokens_per_s)} "
+            f"tokens/s in total, {snap.ratio:.1f}x the local PC's "
+            f"{_rate(loc.total_tokens_per_s)} tokens/s serving one user at a time.")
+
+
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 10 else f"{tokens_per_s:.1f}"
+
+
 def how_measured() -> None:
     """The fairness method, and this race's exact set-up once there is one."""
-    race = current_race()
-    with st.expander("How this was measured"):
-        st.write("The two sides run one after the other, each with every CPU thread, and "
+    race = SLOT.job
+    method.panel("The two sides run one after the other, each with every CPU thread, and "
                  "are drawn on one shared timeline where each side's t=0 is its own start. "
                  "TTFT, TPOT, end-to-end latency and tokens/s come from the same code for "
-                 "both sides (engine/metrics.py), from monotonic timestamps.")
-        if race is not None:
-            rows = pd.DataFrame(list(race.describe().items()), columns=["what", "how"])
-            st.dataframe(rows, hide_index=True, width="stretch")
+                 "both sides (engine/metrics.py), from monotonic timestamps.",
+                 method.race_setup(race) if race is not None else None)

@@ -17,14 +17,24 @@ def _side_color() -> alt.Color:
     return alt.Color("side:N", scale=SIDE_SCALE, title=None, legend=alt.Legend(orient="top"))
 
 
+def _dashed_by(field: str, values: list[str]) -> alt.StrokeDash:
+    """Solid for the first of `values`, dashed for the second, legend on top."""
+    return alt.StrokeDash(f"{field}:N", title=None, scale=alt.Scale(domain=values),
+                          legend=alt.Legend(orient="top"))
+
+
+def _timeline(df: pd.DataFrame, title: str, y: alt.Y, stroke_width: int,
+              **encoding: alt.StrokeDash) -> alt.Chart:
+    """A step line per side over the seconds since that side's own start."""
+    return alt.Chart(df, title=title, height=HEIGHT).mark_line(
+        interpolate="step-after", strokeWidth=stroke_width).encode(
+        x=alt.X("t:Q", title="seconds since the side's start"), y=y, color=_side_color(),
+        **encoding)
+
+
 def tokens_chart(df: pd.DataFrame) -> alt.Chart:
     """Total tokens generated over time, one line per side (each from its own t=0)."""
-    return alt.Chart(df, title="Tokens generated (all users)", height=HEIGHT).mark_line(
-        interpolate="step-after", strokeWidth=3).encode(
-        x=alt.X("t:Q", title="seconds since the side's start"),
-        y=alt.Y("tokens:Q", title="tokens"),
-        color=_side_color(),
-    )
+    return _timeline(df, "Tokens generated (all users)", alt.Y("tokens:Q", title="tokens"), 3)
 
 
 def latency_chart(df: pd.DataFrame) -> alt.Chart:
@@ -35,23 +45,14 @@ def latency_chart(df: pd.DataFrame) -> alt.Chart:
         x=alt.X("user:Q", title="user (arrival order)", axis=alt.Axis(tickMinStep=1, format="d")),
         y=alt.Y("seconds:Q", title="seconds"),
         color=_side_color(),
-        strokeDash=alt.StrokeDash("metric:N", title=None,
-                                  scale=alt.Scale(domain=["TTFT", "end-to-end"]),
-                                  legend=alt.Legend(orient="top")),
+        strokeDash=_dashed_by("metric", ["TTFT", "end-to-end"]),
     )
 
 
 def kv_chart(df: pd.DataFrame) -> alt.Chart:
     """KV memory over time: reserved (contiguous window or paged blocks) vs used."""
-    return alt.Chart(df, title="KV cache memory", height=HEIGHT).mark_line(
-        interpolate="step-after", strokeWidth=2).encode(
-        x=alt.X("t:Q", title="seconds since the side's start"),
-        y=alt.Y("mib:Q", title="MiB"),
-        color=_side_color(),
-        strokeDash=alt.StrokeDash("kind:N", title=None,
-                                  scale=alt.Scale(domain=["reserved", "used"]),
-                                  legend=alt.Legend(orient="top")),
-    )
+    return _timeline(df, "KV cache memory", alt.Y("mib:Q", title="MiB"), 2,
+                     strokeDash=_dashed_by("kind", ["reserved", "used"]))
 
 
 def batch_chart(df: pd.DataFrame) -> alt.Chart:

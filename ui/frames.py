@@ -4,7 +4,8 @@ charts). Pure, no Streamlit.
 The live page rebuilds the charts' rows a few times a second while the engine runs in the
 same process, so rows are built column by column from the snapshot's lists and handed to
 the page as Arrow tables (no pandas on that path): every millisecond spent here is a
-millisecond the page holds the GIL that the engine's step loop also needs.
+millisecond the page holds the GIL that the engine's step loop also needs. The race keeps
+its series whole; a chart gets at most ~`MAX_POINTS` of each (`thin`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from workloads.race import RaceSnapshot
 ROW_COLUMNS = ["side", "user", "you", "ttft_s", "tpot_s", "e2e_s", "queue_s", "tokens",
                "tokens_per_s", "finish_reason"]
 METRICS = {"ttft_s": "TTFT", "e2e_s": "end-to-end"}
+MAX_POINTS = 400  # per series on a chart
 Columns = dict[str, list]
+
+
+def thin(points: list[dict], limit: int = MAX_POINTS) -> list[dict]:
+    """Every k-th point plus the last, so a chart never gets more than ~`limit` points."""
+    if len(points) <= limit:
+        return list(points)
+    step = -(-len(points) // limit)
+    return points[::step] + ([points[-1]] if (len(points) - 1) % step else [])
 
 
 def _columns(records: list[dict], names: list[str]) -> Columns:
@@ -32,19 +42,22 @@ def _columns(records: list[dict], names: list[str]) -> Columns:
 
 def tokens_columns(snap: RaceSnapshot) -> Columns:
     """side, t (s since that side's start), tokens (generated so far, all users)."""
-    return _columns(snap.tokens, ["side", "t", "tokens"])
+    return _columns(thin(snap.tokens), ["side", "t", "tokens"])
 
 
 def kv_columns(snap: RaceSnapshot) -> Columns:
-    """side, t, kind ("reserved" | "used"), bytes, mib."""
-    cols = _columns(snap.kv, ["side", "t", "kind", "bytes"])
+    """side, t, kind ("reserved" | "used"), bytes, mib; each kind thinned on its own (one
+    k-th of interleaved pairs could keep a single kind)."""
+    points = [p for kind in ("reserved", "used")
+              for p in thin([q for q in snap.kv if q["kind"] == kind])]
+    cols = _columns(points, ["side", "t", "kind", "bytes"])
     cols["mib"] = [float(b) / 2**20 for b in cols["bytes"]]
     return cols
 
 
 def batch_columns(snap: RaceSnapshot) -> Columns:
     """t, num_seqs: sequences in each datacenter engine step."""
-    return _columns(snap.batch, ["t", "num_seqs"])
+    return _columns(thin(snap.batch), ["t", "num_seqs"])
 
 
 def latency_columns(snap: RaceSnapshot) -> Columns:

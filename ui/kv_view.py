@@ -2,12 +2,13 @@
 scheduler's steps, and the last scenario's result with its block size trade-off.
 
     controls()  one card per KV scenario (prefix caching, block size, Run), and Stop
-    live()      a fragment redrawn every REFRESH_S while a scenario runs (IDLE_REFRESH_S
-                otherwise) for the engine shown: a running scenario's own engine, else the
-                shared one -> figures, paged map | contiguous layout, steps, last scenario
+    live()      a fragment redrawn often while a scenario runs (less often otherwise) for
+                the engine shown: a running scenario's own engine, else the shared one
+                -> figures, paged map | contiguous layout, steps, last scenario
 
 A scenario plays on an engine of its own (`workloads.scenario_job`), built on the shared
-weights, so the shared engine's settings are never touched. Every figure comes from the
+weights and held in this session's job slot, so the shared engine's settings are never
+touched. Every figure comes from the
 engine shown (`kv_snapshot()`, `stats()`) or from the scenario's result; model output is
 shown only as plain text (`st.code`).
 """
@@ -19,21 +20,20 @@ import copy
 import pandas as pd
 import streamlit as st
 
-from engine.engine import Engine, EngineStats
+from engine.engine import Engine
 from engine.kv_cache import BlockInfo, KVCacheStats, waste_for_block_size
-from ui import kv_charts, kv_frames, presenter, shared
-from ui.arena import LOCAL_N_CTX, REFRESH_S
+from engine.local import DEFAULT_N_CTX
+from engine.serving import ServingStats
+from ui import kv_charts, kv_frames, method, presenter, shared
 from ui.charts import template
+from ui.job_slot import SLOW_REFRESH_S, JobSlot
 from workloads.scenario_job import ScenarioJob, scenario_config
-from workloads.scenarios import SCENARIOS, get
+from workloads.scenarios import get
 
-KEY_JOB = "kv_job"
+SLOT: JobSlot[ScenarioJob] = JobSlot("kv_job", idle_refresh_s=SLOW_REFRESH_S)
 KEY_RUNS = "kv_runs"
-KEY_ERROR = "kv_error"
-KEY_SHOWN_RUNNING = "kv_shown_running"
-IDLE_REFRESH_S = 1.0
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-KV_SCENARIOS = tuple(k for k, s in SCENARIOS.items() if s.page == "kv_cache")
+KV_SCENARIOS = ("shared_prefix", "small_pool", "many_short")  # the scenarios this page plays
 MAX_RUNS = 10
 
 
@@ -57,15 +57,6 @@ def draw(name: str, df: pd.DataFrame) -> None:
     st.vega_lite_chart(df, copy.deepcopy(chart_templates()[name]), width="stretch")
 
 
-def current_job() -> ScenarioJob | None:
-    return st.session_state.get(KEY_JOB)
-
-
-def is_running() -> bool:
-    job = current_job()
-    return job is not None and not job.done
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
@@ -87,8 +78,7 @@ def intro() -> None:
 def controls() -> None:
     """One card per KV scenario, with its prefix caching and block size; Stop below."""
     ss = st.session_state
-    running = is_running()
-    ss[KEY_SHOWN_RUNNING] = running
+    running = SLOT.inputs_disabled()
     for col, key in zip(st.columns(len(KV_SCENARIOS)), KV_SCENARIOS, strict=True):
         with col.container(border=True, key=f"kv-card-{key}"):
             _scenario_card(key, running)
@@ -96,14 +86,10 @@ def controls() -> None:
     if auto in KV_SCENARIOS and not running:
         _on_run(auto)
         st.rerun()
-    stop, hint = st.columns([1, 5], vertical_alignment="center")
-    stop.button("Stop", key="kv_stop", on_click=_on_stop, disabled=not running,
-                width="stretch")
-    hint.caption("Each scenario plays on an engine of its own, on the same weights: the "
-                 "shared engine and its settings are not touched.")
-    error = ss.pop(KEY_ERROR, None)
-    if error:
-        st.error(error)
+    SLOT.buttons("kv_stop").caption("Each scenario plays on an engine of its own, on the "
+                                    "same weights: the shared engine and its settings are "
+                                    "not touched.")
+    SLOT.show_error()
 
 
 def _scenario_card(key: str, running: bool) -> None:
@@ -124,34 +110,20 @@ def _scenario_card(key: str, running: bool) -> None:
 
 def _on_run(key: str) -> None:
     ss = st.session_state
-    old = current_job()
-    if old is not None:
-        old.close()  # a finished one returns at once; its engine is already shut down
-    try:
-        job = ScenarioJob(get(key), shared.shared_engine().loaded,
-                          block_size=int(ss[f"kv_block_{key}"]),
-                          prefix_caching=bool(ss[f"kv_prefix_{key}"]))
-    except ValueError as exc:
-        ss[KEY_ERROR] = f"Not started: {exc}"
-        return
-    ss[KEY_JOB] = job.start()
-
-
-def _on_stop() -> None:
-    job = current_job()
-    if job is not None:
-        job.stop()
+    SLOT.start(lambda: ScenarioJob(get(key), shared.shared_engine().loaded,
+                                   block_size=int(ss[f"kv_block_{key}"]),
+                                   prefix_caching=bool(ss[f"kv_prefix_{key}"])))
 
 
 # ---- the live view -----------------------------------------------------------------
 def live() -> None:
     """Figures, block maps, steps and the last scenario, refreshed in place."""
-    st.fragment(_live_view, run_every=REFRESH_S if is_running() else IDLE_REFRESH_S)()
+    SLOT.live(_live_view)
 
 
 def shown_engine(job: ScenarioJob | None) -> tuple[Engine, str]:
     """A running scenario's engine, else the shared one; with a line saying which."""
-    if job is not None and not job.done:
+    if job is not None and not job.finished:
         cfg = job.config
         return job.engine, (
             f"Showing the engine of the scenario “{job.scenario.title}”: "
@@ -161,8 +133,7 @@ def shown_engine(job: ScenarioJob | None) -> tuple[Engine, str]:
         "Showing the shared datacenter engine: every browser session's requests, live.")
 
 
-def _live_view() -> None:
-    job = current_job()
+def _live_view(job: ScenarioJob | None) -> None:
     engine, which = shown_engine(job)
     blocks, kv = engine.kv_snapshot()  # the map and its counts from one moment
     stats = engine.stats()
@@ -176,12 +147,9 @@ def _live_view() -> None:
         contiguous_layout(blocks, kv)
     draw("steps", kv_frames.step_frame(stats.recent_steps, stats.num_steps))
     last_scenario(job)
-    if job is not None and job.done and st.session_state.get(KEY_SHOWN_RUNNING):
-        st.session_state[KEY_SHOWN_RUNNING] = False
-        st.rerun()  # a full rerun re-enables the cards
 
 
-def figures(kv: KVCacheStats, stats: EngineStats) -> None:
+def figures(kv: KVCacheStats, stats: ServingStats) -> None:
     """Usage, waste, prefix-cache hit rate and preemptions of the engine shown."""
     cols = st.columns(6)
     cols[0].metric("Blocks used", f"{kv.used_blocks:,} / {kv.num_blocks:,}",
@@ -213,16 +181,16 @@ def block_map(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
 
 
 def contiguous_layout(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
-    """The same requests as the local PC would hold them: `LOCAL_N_CTX` tokens each."""
-    res = kv_frames.contiguous_reservations(blocks, LOCAL_N_CTX, kv.block_size)
-    per = -(-LOCAL_N_CTX // kv.block_size)
+    """The same requests as the local PC would hold them: `DEFAULT_N_CTX` tokens each."""
+    res = kv_frames.contiguous_reservations(blocks, DEFAULT_N_CTX, kv.block_size)
+    per = -(-DEFAULT_N_CTX // kv.block_size)
     fit = kv_frames.fitting(res, kv.num_blocks)
     if not res:
-        text = (f"n_ctx = {LOCAL_N_CTX:,} tokens = {per:,} blocks per request. No request "
+        text = (f"n_ctx = {DEFAULT_N_CTX:,} tokens = {per:,} blocks per request. No request "
                 "holds blocks now.")
     else:
         used = sum(r.used_blocks for r in res[:fit])
-        text = (f"n_ctx = {LOCAL_N_CTX:,} tokens = {per:,} blocks per request: {fit} of "
+        text = (f"n_ctx = {DEFAULT_N_CTX:,} tokens = {per:,} blocks per request: {fit} of "
                 f"{len(res)} requests fit this pool")
         if fit:
             text += (f"; {fit * per:,} blocks reserved, {used:,} used "
@@ -246,7 +214,7 @@ def last_scenario(job: ScenarioJob | None) -> None:
         return
     left, right = st.columns(2, gap="large")
     with left:
-        if job.done:
+        if job.finished:
             result_line(job)
             if job.final_stats is not None:
                 fs = job.final_stats
@@ -261,7 +229,7 @@ def last_scenario(job: ScenarioJob | None) -> None:
             draw("waste", kv_frames.waste_frame(lengths, BLOCK_SIZES, job.config.block_size))
             st.caption(f"From the token lengths (prompt + output) of the {len(lengths)} "
                        "requests of this scenario.")
-    if job.done:
+    if job.finished:
         _record(job)
         runs_table()
         answers(job)
@@ -332,16 +300,16 @@ def answers(job: ScenarioJob) -> None:
 
 
 def how_measured() -> None:
-    with st.expander("How this is measured"):
-        st.write(
-            "The block maps and the figures above them come from one `kv_snapshot()` of "
-            "the engine shown: every block's state, ref count and block tables, and the "
-            "pool's counts, read under the engine's lock. Waste is reserved-but-unused "
-            "token slots / reserved slots. The prefix-cache hit rate is prompt tokens read "
-            "from cached blocks / prompt tokens looked up. The contiguous layout places "
-            f"the same requests as the local PC holds them: {LOCAL_N_CTX:,} tokens "
-            "(its context window) reserved per request, laid end to end in a pool of the "
-            "same size. A scenario's pool keeps its size in token slots when you change "
-            "the block size. Waste vs block size uses "
-            "sum(ceil(L/bs)·bs − L) / sum(ceil(L/bs)·bs) over the requests' token "
-            "lengths L (prompt + output).")
+    """How the block maps, waste and hit rate are computed."""
+    method.panel(
+        "The block maps and the figures above them come from one `kv_snapshot()` of "
+        "the engine shown: every block's state, ref count and block tables, and the "
+        "pool's counts, read under the engine's lock. Waste is reserved-but-unused "
+        "token slots / reserved slots. The prefix-cache hit rate is prompt tokens read "
+        "from cached blocks / prompt tokens looked up. The contiguous layout places "
+        f"the same requests as the local PC holds them: {DEFAULT_N_CTX:,} tokens "
+        "(its context window) reserved per request, laid end to end in a pool of the "
+        "same size. A scenario's pool keeps its size in token slots when you change "
+        "the block size. Waste vs block size uses "
+        "sum(ceil(L/bs)·bs − L) / sum(ceil(L/bs)·bs) over the requests' token "
+        "lengths L (prompt + output).", title="How this is measured")

@@ -15,6 +15,7 @@ KEY = "presenter"
 QUERY = "presenter"
 ON_VALUES = ("1", "true", "on", "yes")
 KEY_KV_START = "kv_autostart"  # the KV cache page starts this scenario when it opens
+SCENARIOS = ("one_user", "many_users", "shared_prefix", "laptop_70b")  # one button each
 
 # Scaled for a projector at the back of a room: base text, metric values, headings.
 CSS = """
@@ -74,20 +75,23 @@ def apply_style() -> None:
     st.html(CSS)
 
 
-def scenario_bar(disabled: bool) -> None:
-    """One button per scripted scenario. Arena scenarios start a race here; the shared
-    system prompt one opens the KV cache page, which plays it."""
-    from ui import arena  # the arena's race starter; imported here to avoid a cycle
+def scenario_bar() -> None:
+    """In presenter mode, one button per scripted scenario, disabled while a race runs.
+    The KV cache page's scenarios open that page, which plays them; the others start a
+    race here."""
+    if not is_on():
+        return
+    from ui import arena, kv_view  # they read this module's keys: imported here, no cycle
 
     st.caption("Scripted scenarios: fixed prompts, greedy decoding, the same text every run.")
-    cols = st.columns(len(scenarios.PRESENTER))
-    for col, key in zip(cols, scenarios.PRESENTER, strict=True):
+    disabled = arena.SLOT.running()
+    for col, key in zip(st.columns(len(SCENARIOS)), SCENARIOS, strict=True):
         sc = scenarios.get(key)
         if col.button(sc.title, key=f"scenario-{key}", disabled=disabled, width="stretch",
                       help=sc.shows, type="primary" if key == "many_users" else "secondary"):
-            if sc.page == "arena":
+            if key in kv_view.KV_SCENARIOS:
+                st.session_state[KEY_KV_START] = key
+                st.switch_page("pages/kv_cache.py")
+            else:
                 arena.start_scenario(key)
                 st.rerun()
-            else:
-                st.session_state[KEY_KV_START] = key
-                st.switch_page(f"pages/{sc.page}.py")

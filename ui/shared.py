@@ -22,9 +22,6 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from engine import Engine, EngineConfig, LoadedModel
 
-RACE_KEY = "arena_race"  # st.session_state key of this browser session's race
-SWEEP_KEY = "sweep_run"  # ... and of its load sweep
-HEARTBEAT_KEYS = (RACE_KEY, SWEEP_KEY)  # jobs that cancel themselves once the tab is gone
 FIRST_LOAD = ("Loading the model: the very first start converts the GGUF file (~20 s) and "
               "compiles the CPU attention kernel (~10 s); later starts read both from the "
               "cache (~2 s)...")

@@ -1,7 +1,7 @@
 """The sweep page's parts: controls, the live progress and charts, goodput under SLOs, the
 connected-vs-active calculator, and the table with its CSV.
 
-    controls()  -> Run: Sweep(shared engine, LocalPC on the same weights).start()
+    controls()  -> Run: Sweep(shared engine, LocalPC on the same weights), in the job slot
     live()      -> a fragment that reruns while the sweep runs; reads sweep.snapshot() only
 
 The sweep runs on its own thread (`workloads.sweep.Sweep`); every figure shown comes from its
@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from collections.abc import Callable
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
+from engine.engine import Engine
 from engine.local import LocalPC
 from measure.hardware import aggregate_tokens_per_s
 from measure.roofline import Roofline, model_profile_key, roofline, user_grid
-from ui import shared
+from ui import method, shared
 from ui import sweep_charts as charts
 from ui.hardware_view import fmt_number, fmt_seconds, this_machine
+from ui.job_slot import HEARTBEAT_S, SLOW_REFRESH_S, JobSlot
 from ui.palette import DATACENTER, LOCAL
-from ui.presets import chat, load_presets
+from workloads.prompts import Chat, chat, load_prompts
+from workloads.sides import LABELS
 from workloads.sweep import (
     DEFAULT_DURATION_S,
     DEFAULT_MAX_TOKENS,
@@ -40,28 +42,16 @@ from workloads.sweep import (
     rows,
 )
 
-KEY_SWEEP = shared.SWEEP_KEY
-KEY_ERROR = "sweep_error"
-KEY_SHOWN_RUNNING = "sweep_shown_running"
+# redrawn less often than the arena: the CPU is busy measuring the sweep's points
+SLOT: JobSlot[Sweep] = JobSlot("sweep_run", refresh_s=SLOW_REFRESH_S,
+                               heartbeat_s=2 * HEARTBEAT_S)
 KEY_CHARTS = "sweep_chart_specs"
-REFRESH_S = float(os.environ.get("BATCHLENS_REFRESH_S", "1.0"))  # live view, seconds
-HEARTBEAT_S = 10.0
-LOCAL_N_CTX = 2048
 USER_OPTIONS = [1, 2, 4, 8, 16, 32, 64, 128]
 RATE_OPTIONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
 MODES = {"users": "Concurrent users (all send at once)",
          "rate": "Poisson arrivals (requests/s)"}
 PROMPTS = ("Varied short prompts", "One prompt for everyone")
 UNITS = {"users": "users", "rate_rps": "requests/s"}
-
-
-def current_sweep() -> Sweep | None:
-    return st.session_state.get(KEY_SWEEP)
-
-
-def is_running() -> bool:
-    sweep = current_sweep()
-    return sweep is not None and not sweep.finished
 
 
 def intro() -> None:
@@ -73,9 +63,8 @@ def intro() -> None:
 # ---- controls ------------------------------------------------------------------------
 def controls() -> None:
     """Load, max tokens, prompts, Run and Stop; disabled while a sweep runs."""
-    ss, running = st.session_state, is_running()
-    ss[KEY_SHOWN_RUNNING] = running
-    ss.setdefault("sweep_prompt", next(iter(load_presets().presets.values())))
+    ss, running = st.session_state, SLOT.inputs_disabled()
+    ss.setdefault("sweep_prompt", next(iter(load_prompts().presets.values())))
     left, right = st.columns([3, 2], gap="large")
     with left:
         mode = st.radio("Load", list(MODES), format_func=MODES.get, key="sweep_mode",
@@ -98,19 +87,15 @@ def controls() -> None:
         if one:
             st.text_area("Prompt", key="sweep_prompt", height=90, disabled=running)
     spec, error = _spec()
-    run, stop, hint = st.columns([1, 1, 5], vertical_alignment="center")
-    run.button("Run sweep", type="primary", key="sweep_run_button", on_click=_on_run,
-               disabled=running or spec is None, width="stretch")
-    stop.button("Stop", key="sweep_stop", on_click=_on_stop, disabled=not running,
-                width="stretch")
+    hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
+                        run_label="Run sweep", run_disabled=spec is None)
     if spec is not None:
         hint.caption(f"{spec.num_requests} requests per side, {spec.max_tokens} tokens each; "
                      "at each load the datacenter runs first, then the local PC: never both "
                      "at once.")
     else:
         hint.caption(error)
-    if err := ss.pop(KEY_ERROR, None):
-        st.error(err)
+    SLOT.show_error()
 
 
 def _spec() -> tuple[SweepSpec | None, str]:
@@ -138,43 +123,37 @@ def _on_run() -> None:
     if spec is None:
         return
     one = ss.get("sweep_prompts") == PROMPTS[1]
-    prompts = [chat(ss["sweep_prompt"])] if one else [chat(t) for t in load_presets().others]
+    prompts = [chat(ss["sweep_prompt"])] if one else [chat(t) for t in load_prompts().others]
     engine = shared.shared_engine().engine
     if model_profile_key(engine.loaded.model.spec) is not None:
         this_machine(engine.loaded.model.device.type)  # measured now, not during the sweep
-    local = None
+    if SLOT.start(lambda: _sweep(engine, prompts, spec)) is not None:
+        ss.pop(KEY_CHARTS, None)
+
+
+def _sweep(engine: Engine, prompts: list[Chat], spec: SweepSpec) -> Sweep:
+    """A sweep on the shared engine and a local PC of its own, shut down with the sweep.
+    Raises `ValueError` (nothing left running) on an impossible setting."""
+    local = LocalPC(engine.loaded)
     try:
-        local = LocalPC(engine.loaded, n_ctx=LOCAL_N_CTX)
-        sweep = Sweep(engine, local, prompts, spec, heartbeat_timeout=HEARTBEAT_S,
-                      close_local=True, connected=shared.session_connected())
-    except ValueError as exc:
-        if local is not None:
-            local.shutdown()
-        ss[KEY_ERROR] = f"Not started: {exc}"
-        return
-    ss.pop(KEY_CHARTS, None)
-    ss[KEY_SWEEP] = sweep.start()
-
-
-def _on_stop() -> None:
-    sweep = current_sweep()
-    if sweep is not None:
-        sweep.stop()
+        return Sweep(engine, local, prompts, spec, heartbeat_timeout=SLOT.heartbeat_s,
+                     close_local=True, connected=shared.session_connected())
+    except BaseException:
+        local.shutdown()
+        raise
 
 
 # ---- the live view -------------------------------------------------------------------
 def live() -> None:
     """Progress, charts, goodput, the calculator and the table; refreshed while running."""
-    st.fragment(_live_view, run_every=REFRESH_S if is_running() else None)()
+    SLOT.live(_live_view)
 
 
-def _live_view() -> None:
-    sweep = current_sweep()
+def _live_view(sweep: Sweep | None) -> None:
     snap = None
     if sweep is None:
         st.info("Pick the loads and press Run sweep. The charts fill in point by point.")
     else:
-        sweep.touch()
         snap = sweep.snapshot()
         progress(snap, sweep)
     x = sweep.spec.load_column if sweep else "users"
@@ -184,16 +163,13 @@ def _live_view() -> None:
     slo = goodput_section(sweep, snap, x)
     calculator(points, x)
     table(sweep, snap, slo)
-    if snap is not None and snap.finished and st.session_state.get(KEY_SHOWN_RUNNING):
-        st.session_state[KEY_SHOWN_RUNNING] = False
-        st.rerun()  # a full rerun re-enables the inputs
 
 
 def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
     """The progress bar and, at the end, how the sweep ended."""
     total = 2 * len(sweep.spec.levels)
     if not snap.finished:
-        text = (f"Point {len(snap.points) + 1} of {total}: {snap.current or 'starting'} · "
+        text = (f"Point {len(snap.points) + 1} of {total}: {_current(snap, sweep)} · "
                 f"{fmt_seconds(snap.elapsed)}")
         st.progress(snap.progress, text=text)
         return
@@ -211,6 +187,14 @@ def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
         with st.container(key="sweep-summary"):
             st.success(summary_sentence(charts.points_frame(rows(snap.points, sweep.spec)),
                                         sweep.spec.load_column))
+
+
+def _current(snap: SweepSnapshot, sweep: Sweep) -> str:
+    """The side and load being measured, in words."""
+    if snap.current is None:
+        return "starting"
+    side, level = snap.current
+    return f"{LABELS[side]}, {level:g} {UNITS[sweep.spec.load_column]}"
 
 
 def _side(points: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -282,7 +266,7 @@ def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.Data
     """Total and per-user tokens/s (roofline beneath), TTFT and end-to-end p50/p99."""
     roof = _roofline(sweep)
     roof_df = charts.roofline_frame(roof.rows) if roof else None
-    key = (sweep.sweep_id if sweep else None, len(snap.points) if snap else 0)
+    key = (sweep.job_id if sweep else None, len(snap.points) if snap else 0)
     builders = [
         lambda: charts.throughput_chart(points, roof_df, x),
         lambda: charts.per_user_chart(points, roof_df, x),
@@ -295,14 +279,14 @@ def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.Data
     for i, (cell, build) in enumerate(zip(cells, builders, strict=True)):
         cell.vega_lite_chart(spec=_spec_cached((*key, i), build), width="stretch")
     if roof is not None:
-        st.caption(f"Dashed grey: the roofline ceiling of this machine from engine/hardware.py "
+        st.caption(f"Dashed grey: the roofline ceiling of this machine from measure/hardware.py "
                    f"(decode only, SmolLM2-135M profile): {roof.note} Per user, the measured "
                    "figure includes time spent queueing; the roofline does not.")
     elif sweep is not None and sweep.spec.mode == "rate":
         st.caption("No roofline in rate mode: the batch is whatever the arrivals make it "
                    "(the mean_batch column of the table), not a setting.")
     elif sweep is not None:
-        st.caption("No roofline: engine/hardware.py has no profile for this model's shape.")
+        st.caption("No roofline: measure/hardware.py has no profile for this model's shape.")
 
 
 def goodput_section(sweep: Sweep | None, snap: SweepSnapshot | None,
@@ -317,7 +301,7 @@ def goodput_section(sweep: Sweep | None, snap: SweepSnapshot | None,
                    "goodput = such requests / the point's wall time (engine/metrics.py).")
     slo = (float(ttft), tpot_ms / 1e3)
     points = charts.points_frame(rows(snap.points, sweep.spec, *slo) if snap else [])
-    key = (sweep.sweep_id if sweep else None, len(snap.points) if snap else 0, slo)
+    key = (sweep.job_id if sweep else None, len(snap.points) if snap else 0, slo)
     right.vega_lite_chart(spec=_spec_cached(("goodput", *key),
                                             lambda: charts.goodput_chart(points, x)),
                           width="stretch")
@@ -379,14 +363,11 @@ def table(sweep: Sweep | None, snap: SweepSnapshot | None, slo: tuple[float, flo
 
 def how_measured() -> None:
     """The method, and this sweep's exact set-up once there is one."""
-    sweep = current_sweep()
-    with st.expander("How this was measured"):
-        st.write("At each load the datacenter engine runs the requests first, then the local "
+    sweep = SLOT.job
+    method.panel("At each load the datacenter engine runs the requests first, then the local "
                  "PC runs the same requests, each with every CPU thread, never both at once. "
                  "TTFT, TPOT, end-to-end latency, tokens/s and goodput come from the same "
                  "code for both sides (engine/metrics.py), from monotonic timestamps. Total "
                  "tokens/s = output tokens / (first arrival → last token); tokens/s each user "
-                 "gets = a request's tokens / its end-to-end latency, queueing included.")
-        if sweep is not None:
-            how = pd.DataFrame(list(sweep.describe().items()), columns=["what", "how"])
-            st.dataframe(how, hide_index=True, width="stretch")
+                 "gets = a request's tokens / its end-to-end latency, queueing included.",
+                 method.sweep_setup(sweep) if sweep is not None else None)

@@ -1,6 +1,9 @@
-"""The skeleton shared by the page's background workloads (a race, a sweep): a daemon
-thread, a stop event, a heartbeat from the page, start/finish times, and how a run ends
-(an error goes into the snapshot, the final phase, the local runner closed if owned).
+"""The skeleton shared by the page's background workloads (a race, a sweep, a KV scenario):
+a daemon thread, a stop event, a heartbeat from the page, start/finish times, and how a
+run ends (an error goes into the job, the final phase, what the job owns shut down)::
+
+    job = Race(...).start()   thread: _work() -> [error] -> owned sides shut down -> phase
+    page: job.touch() · job.stop() · job.finished · job.error · job.close()
 
 A job is abandoned (cancels its requests) when the page has not touched it for
 `heartbeat_timeout` seconds and, if the page gave a `connected` check, its browser session
@@ -15,24 +18,34 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import uuid
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from engine.outputs import RequestHandle
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the package allows 3.10
     from typing import Self
 
-    from engine.local import LocalPC
+
+class Closable(Protocol):
+    """Something a job shuts down when it ends (a serving side it built for itself)."""
+
+    def shutdown(self) -> None: ...
 
 
 class BackgroundJob:
-    """A workload on its own thread that cancels itself once the page stops touching it."""
+    """A workload on its own thread that cancels itself once the page stops touching it.
 
-    def __init__(self, name: str, heartbeat_timeout: float | None, local: LocalPC,
-                 close_local: bool, connected: Callable[[], bool] | None = None) -> None:
+    `kind` starts the job's id (and so the id of every request it submits); `owned` are
+    shut down when the run ends, however it ends (or by `close` if it never started)."""
+
+    def __init__(self, kind: str, heartbeat_timeout: float | None = None,
+                 connected: Callable[[], bool] | None = None,
+                 owned: Iterable[Closable] = ()) -> None:
+        self.job_id = f"{kind}-{uuid.uuid4().hex[:8]}"
         self.heartbeat_timeout, self.connected = heartbeat_timeout, connected
-        self.local, self.close_local = local, close_local
+        self._owned = tuple(owned)
         self._phase = "waiting"
         self._error: str | None = None
         self._abandoned = False
@@ -41,7 +54,8 @@ class BackgroundJob:
         self._t_start: float | None = None
         self._t_done: float | None = None
         self._last_touch = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"batchlens-{self.job_id}",
+                                        daemon=True)
 
     def _work(self) -> None:
         raise NotImplementedError
@@ -49,25 +63,29 @@ class BackgroundJob:
     def _on_finish(self) -> None:
         """Clear the subclass's in-flight state (called under `_lock` when the run ends)."""
 
-    def _run(self) -> None:
-        try:
-            self._work()
-        except Exception as exc:  # surface in the snapshot; never kill the page
-            self._error = f"{type(exc).__name__}: {exc}"
-            self.stop()
-        finally:
-            if self.close_local:
-                self.local.shutdown()
-            with self._lock:
-                self._phase = ("error" if self._error else "abandoned" if self._abandoned
-                               else "stopped" if self._stop.is_set() else "done")
-                self._on_finish()
-                self._t_done = time.monotonic()
-
     def _live_handles(self) -> list[RequestHandle]:
         """The requests submitted so far (called under `_lock`)."""
         raise NotImplementedError
 
+    def _run(self) -> None:
+        try:
+            self._work()
+        except Exception as exc:  # surface in the job; never kill the page
+            self._error = f"{type(exc).__name__}: {exc}"
+            self.stop()
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        for side in self._owned:
+            side.shutdown()
+        with self._lock:
+            self._phase = ("error" if self._error else "abandoned" if self._abandoned
+                           else "stopped" if self._stop.is_set() else "done")
+            self._on_finish()
+            self._t_done = time.monotonic()
+
+    # ---- public API ------------------------------------------------------------------
     def start(self) -> Self:
         self._t_start = self._last_touch = time.monotonic()
         self._thread.start()
@@ -86,12 +104,29 @@ class BackgroundJob:
             h.cancel()
 
     def join(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
+        """Wait for the end; True once the thread is gone (or was never started)."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def close(self, timeout: float = 60.0) -> bool:
+        """Stop (if still running) and wait until what the job owns is shut down."""
+        self.stop()
+        if self._thread.ident is None:  # never started: only what it owns to release
+            if not self.finished:
+                self._end()
+            return True
+        return self.join(timeout)
 
     @property
     def finished(self) -> bool:
+        """The run ended (done, stopped, abandoned or failed) and what it owns is shut down."""
         return self._t_done is not None
+
+    @property
+    def error(self) -> str | None:
+        """Why the run failed, or None."""
+        return self._error
 
     def _heartbeat_expired(self) -> bool:
         """Untouched for `heartbeat_timeout` seconds, and not known to be connected."""

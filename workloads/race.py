@@ -14,15 +14,16 @@ A background thread submits every user's request to one side, samples progress e
 side is done, moves on to the next. `snapshot()` returns a copy, safe from any thread.
 `touch()` is a heartbeat: without one for `heartbeat_timeout` seconds, and with the page's
 `connected` check (if given) false, i.e. a closed browser tab, the race cancels its own
-requests. Every figure comes from `engine.metrics`.
+requests. Every figure comes from `engine.metrics`; the series are kept whole (the page
+thins them for its charts) and the page words the summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +36,10 @@ from engine.local import LocalPC
 from engine.metrics import RunSummary, summarize
 from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
+from engine.serving import ServingSide
 from workloads.job import BackgroundJob
-
-SIDES = ("datacenter", "local")
-LABELS = {"datacenter": "datacenter", "local": "local PC"}
-MAX_SERIES_POINTS = 400
+from workloads.prompts import chat
+from workloads.sides import LABELS, SIDES, check_order
 
 
 @dataclass(frozen=True)
@@ -77,15 +77,14 @@ class RaceSnapshot:
     batch: list[dict[str, Any]]  # t, num_seqs: datacenter sequences per step
     rows: list[dict[str, Any]]  # per finished request: side, user, you, ttft, tpot, ...
     finished: bool
-    summary: str | None
-    ratio: float | None
+    ratio: float | None  # datacenter / local total tokens/s, once both sides ran to the end
     error: str | None
 
 
 @dataclass
 class _Side:
     name: str
-    runner: Engine | LocalPC
+    runner: ServingSide
     handles: list[RequestHandle] = field(default_factory=list)
     t0: float | None = None
     t_end: float | None = None
@@ -107,14 +106,6 @@ def _fit_error(n: int, max_tokens: int, limit: int, where: str) -> str | None:
     return None
 
 
-def _thin(points: list[dict[str, Any]], limit: int = MAX_SERIES_POINTS) -> list[dict[str, Any]]:
-    """Every k-th point plus the last, so a chart never gets more than ~`limit` points."""
-    if len(points) <= limit:
-        return list(points)
-    step = -(-len(points) // limit)
-    return points[::step] + ([points[-1]] if (len(points) - 1) % step else [])
-
-
 class Race(BackgroundJob):
     """Run `prompts` (one per user, in arrival order) on both sides, one side at a time.
 
@@ -132,11 +123,9 @@ class Race(BackgroundJob):
             raise ValueError("users: at least one prompt is needed")
         if not 0 <= you < len(prompts):
             raise ValueError(f"you: must be in [0, {len(prompts) - 1}], got {you}")
-        if sorted(order) != sorted(SIDES):
-            raise ValueError(f"order: must name each of {SIDES} once, got {order}")
-        self.race_id = f"race-{uuid.uuid4().hex[:8]}"
-        super().__init__(self.race_id, heartbeat_timeout, local, close_local, connected)
-        self.engine, self.params, self.you = engine, params, you
+        check_order(order)
+        super().__init__("race", heartbeat_timeout, connected, (local,) if close_local else ())
+        self.engine, self.local, self.params, self.you = engine, local, params, you
         self.order, self.interval = tuple(order), interval
         self.prompt_ids = self._encode(prompts)
         self.num_threads = torch.get_num_threads()
@@ -166,26 +155,6 @@ class Race(BackgroundJob):
             out.append(cache[key])
         return out
 
-    def describe(self) -> dict[str, str]:
-        """How this race is measured, for the "How this was measured" panel."""
-        dc, loc = self.engine.stats(), self.local.stats()
-        first, second = (LABELS[s] for s in self.order)
-        return {
-            "order": f"{first} first, then {second}: never both at once",
-            "timeline": "each side's t=0 is its own first request; all users arrive at t=0",
-            "threads": f"{self.num_threads} torch threads for each side, in turn",
-            "datacenter": f"{dc.model} on {dc.device}, {dc.dtype} ({dc.dtype_reason}); "
-                          f"continuous batching, up to {self.engine.config.max_num_seqs} "
-                          f"sequences per step, paged KV in blocks of {dc.kv.block_size} tokens",
-            "local PC": f"{loc.model} on {loc.device}, one user at a time (batch 1), "
-                        f"FIFO queue, contiguous KV reserved for n_ctx={loc.n_ctx} tokens"
-                        + (f"; {loc.emulated}" if loc.emulated else ""),
-            "sampling": f"max_tokens={self.params.max_tokens}, temperature="
-                        f"{self.params.temperature}, per-user seed (same tokens on both sides)",
-            "shared engine": "other browser sessions' requests share the datacenter engine "
-                             "and the cores; the status strip shows them",
-        }
-
     # ---- public API --------------------------------------------------------------------
     def _live_handles(self) -> list[RequestHandle]:
         return [h for s in self._sides.values() for h in s.handles]
@@ -204,9 +173,9 @@ class Race(BackgroundJob):
             ratio = self._ratio()
             return RaceSnapshot(
                 phase=self._phase, elapsed=end - start, sides=sides,
-                tokens=_thin(self._tokens), kv=_thin(self._kv), batch=_thin(self._batch),
-                rows=self._rows(), finished=self._t_done is not None,
-                summary=self._summary_sentence(ratio), ratio=ratio, error=self._error,
+                tokens=list(self._tokens), kv=list(self._kv), batch=list(self._batch),
+                rows=self._rows(), finished=self._t_done is not None, ratio=ratio,
+                error=self._error,
             )
 
     # ---- the race thread ---------------------------------------------------------------
@@ -228,7 +197,7 @@ class Race(BackgroundJob):
             n = len(self.prompt_ids)
             side.handles.extend(side.runner.submit_many(  # one moment: same batches every run
                 self.prompt_ids, [self._params_for(u) for u in range(n)],
-                [f"{self.race_id}-{side.name[:2]}-u{u}" for u in range(n)]))
+                [f"{self.job_id}-{side.name[:2]}-u{u}" for u in range(n)]))
         if self._stop.is_set():
             self.stop()
         deadline = None
@@ -269,19 +238,14 @@ class Race(BackgroundJob):
         now = time.monotonic()
         t = now - side.t0
         tokens = sum(h.num_tokens for h in side.handles)
-        if isinstance(side.runner, Engine):
-            after = max(side.t0, side.last_step_start)
-            stats = side.runner.stats(steps_after=after)
-            per_token = side.runner.loaded.model.spec.kv_bytes_per_token(
-                side.runner.loaded.model.dtype)
-            kv = stats.kv
-            reserved, used = kv.used_blocks * kv.block_size * per_token, kv.used_slots * per_token
-            steps = list(stats.recent_steps)
-            queue, ahead_running = stats.waiting_ids, 0  # a batch serves all running at once
-        else:
-            loc = side.runner.stats()
-            reserved, used, steps = loc.kv_reserved_bytes, loc.kv_used_bytes, []
-            queue, ahead_running = loc.waiting_ids, loc.num_running
+        stats = side.runner.stats(steps_after=max(side.t0, side.last_step_start))
+        reserved, used = stats.kv_reserved_bytes, stats.kv_used_bytes
+        steps = list(stats.recent_steps)
+        # requests ahead of yours: the queue, plus the running ones when they fill every
+        # slot (one user at a time locally; a batch with room serves yours beside them)
+        queue = stats.waiting_ids
+        full = 0 < stats.max_num_running <= stats.num_running
+        ahead_running = stats.num_running if full else 0
         with self._lock:
             you = side.handles[self.you]
             side.users_ahead = self._users_ahead(you, queue, ahead_running)
@@ -301,7 +265,7 @@ class Race(BackgroundJob):
         exact = [{"side": side.name, "t": 0.0, "tokens": 0}]
         exact += [{"side": side.name, "t": t - side.t0, "tokens": i + 1}
                   for i, t in enumerate(times)]
-        self._tokens = [p for p in self._tokens if p["side"] != side.name] + _thin(exact)
+        self._tokens = [p for p in self._tokens if p["side"] != side.name] + exact
 
     # ---- views (called with the lock held) ---------------------------------------------
     def _view(self, side: _Side, now: float) -> SideView:
@@ -362,38 +326,26 @@ class Race(BackgroundJob):
             return None
         return dc.throughput / loc.throughput
 
-    def _summary_sentence(self, ratio: float | None) -> str | None:
-        if ratio is None:
-            return None
-        dc, loc = self._sides["datacenter"].summary, self._sides["local"].summary
-        n = len(self.prompt_ids)
-        users = "1 user" if n == 1 else f"{n} users at once"
-        return (f"With {users}, the datacenter engine generated {_rate(dc.throughput)} "
-                f"tokens/s in total, {ratio:.1f}x the local PC's {_rate(loc.throughput)} "
-                "tokens/s serving one user at a time.")
 
-
-def _rate(tokens_per_s: float) -> str:
-    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 10 else f"{tokens_per_s:.1f}"
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") -> int:
     """Run one race headless and print both sides' figures (for comparing with the page)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--users", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--prompt", default="Explain why the sky is blue.")
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=16, help="users sending at once (default 16)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
+    ap.add_argument("--prompt", default="Explain why the sky is blue.",
+                    help="every user's prompt")
     args = ap.parse_args(argv)
     with Engine() as engine, LocalPC(engine.loaded) as local:
-        prompts = [[{"role": "user", "content": args.prompt}]] * args.users
+        prompts = [chat(args.prompt)] * args.users
         race = Race(engine, local, prompts, SamplingParams(max_tokens=args.max_tokens),
                     heartbeat_timeout=None).start()
         race.join()
         snap = race.snapshot()
     for name, view in snap.sides.items():
         print(f"{name:>10}: {view.total_tokens} tokens, {view.total_tokens_per_s:.1f} tokens/s")
-    print(snap.summary or snap.error or snap.phase)
+    print(f"datacenter / local PC: {snap.ratio:.1f}x" if snap.ratio else snap.error or snap.phase)
+    return 0 if snap.error is None else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

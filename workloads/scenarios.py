@@ -25,9 +25,8 @@ from typing import Any
 
 from engine.config import EngineConfig, SamplingParams
 from engine.outputs import RequestHandle, RequestOutput
-from engine.serving import ServingBase
-
-Chat = tuple[dict[str, str], ...]
+from engine.serving import ServingSide
+from workloads.prompts import Chat, chat
 
 SYSTEM_PROMPT = (
     "You are the help desk assistant of Northwind Rail, a regional train company. Follow "
@@ -66,12 +65,6 @@ LONG_TOPIC = (
 )
 
 
-def chat(text: str, system: str | None = None) -> Chat:
-    """A chat-form prompt (the model's chat template is applied when it is encoded)."""
-    msgs = ({"role": "system", "content": system},) if system else ()
-    return (*msgs, {"role": "user", "content": text})
-
-
 @dataclass(frozen=True)
 class Scenario:
     """One scripted workload: who sends what, with which settings."""
@@ -85,7 +78,6 @@ class Scenario:
     stagger: bool = False  # each user arrives when the one before has its first token
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
     emulation: tuple[str, str, str] | None = None  # local pacing: (hardware, model, precision)
-    page: str = "arena"  # where presenter mode plays it
     warmup: Chat | None = None  # sent first (1 token, not in the result): earlier traffic
 
     @property
@@ -124,21 +116,18 @@ SCENARIOS: dict[str, Scenario] = {s.key: s for s in (
              "the prefix-cache hit rate climbs and TTFT drops.",
              _users(QUESTIONS, 8, SYSTEM_PROMPT), 24, stagger=True,
              engine={"enable_prefix_caching": True, "block_size": 16, "num_kv_blocks": 512},
-             page="kv_cache", warmup=chat("Hello.", SYSTEM_PROMPT)),
+             warmup=chat("Hello.", SYSTEM_PROMPT)),
     Scenario("small_pool", "Long contexts in a small pool",
              "Six long requests need more blocks than the pool has: the newest are preempted "
              "(their blocks freed) and recomputed later.",
              _users(tuple(LONG_TOPIC * 6 + f"Chapter {i}." for i in range(1, 7)), 6), 96,
-             engine={"block_size": 16, "num_kv_blocks": 64, "enable_prefix_caching": False},
-             page="kv_cache"),
+             engine={"block_size": 16, "num_kv_blocks": 64, "enable_prefix_caching": False}),
     Scenario("many_short", "Many short requests",
              "Forty tiny requests: each leaves its last block partly empty, so a large block "
              "size wastes a bigger share of the pool.",
              _users(SHORT, 40), 8,
-             engine={"block_size": 16, "num_kv_blocks": 256, "enable_prefix_caching": False},
-             page="kv_cache"),
+             engine={"block_size": 16, "num_kv_blocks": 256, "enable_prefix_caching": False}),
 )}
-PRESENTER = ("one_user", "many_users", "shared_prefix", "laptop_70b")
 
 
 def get(key: str) -> Scenario:
@@ -173,7 +162,7 @@ class ScenarioResult:
 
 
 def run_scenario(
-    server: ServingBase, scenario: Scenario, *, stop: threading.Event | None = None,
+    server: ServingSide, scenario: Scenario, *, stop: threading.Event | None = None,
     on_submit: Callable[[int, RequestHandle], None] | None = None,
     prefix: str = "scenario",
 ) -> ScenarioResult:
@@ -220,16 +209,16 @@ def run_scenario(
     )
 
 
-def _preemptions(server: ServingBase) -> int:
-    return getattr(server.stats(), "num_preemptions", 0)
+def _preemptions(server: ServingSide) -> int:
+    return server.stats(steps_after=None).num_preemptions
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m workloads.scenarios") -> int:
     """Run a scenario with prefix caching on, then off, and print both."""
     from engine.engine import Engine
     from engine.models.loaded import LoadedModel
 
-    ap = argparse.ArgumentParser(prog="python -m workloads.scenarios", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     ap.add_argument("scenario", nargs="?", default="shared_prefix", choices=list(SCENARIOS))
     ap.add_argument("--model", help="local HF folder or .gguf (default: the bundled model)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

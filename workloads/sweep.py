@@ -21,14 +21,11 @@ every point.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +38,8 @@ from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
 from measure.cpu_load import cpu_sample, others_busy
 from workloads.job import BackgroundJob
-from workloads.race import LABELS, SIDES
+from workloads.prompts import chat, varied_prompts
+from workloads.sides import LABELS, SIDES, check_order
 
 MODES = ("users", "rate")
 DEFAULT_USERS = (1, 2, 4, 8, 16, 32, 64)
@@ -49,14 +47,7 @@ DEFAULT_RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_DURATION_S = 10.0
 MAX_USERS = 256
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
 CANCEL_GRACE_S = 30.0
-
-
-def varied_prompts(path: Path = PROMPTS_FILE) -> list[Prompt]:
-    """The short, varied prompts of assets/prompts.json ("others"), as chats."""
-    others = json.loads(path.read_text(encoding="utf-8"))["others"]
-    return [[{"role": "user", "content": text}] for text in others]
 
 
 @dataclass(frozen=True)
@@ -85,8 +76,7 @@ class SweepSpec:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
         if not self.duration_s > 0:
             raise ValueError(f"duration_s: must be > 0 seconds, got {self.duration_s!r}")
-        if sorted(self.order) != sorted(SIDES):
-            raise ValueError(f"order: must name each of {SIDES} once, got {self.order}")
+        check_order(self.order)
         object.__setattr__(self, "levels", tuple(sorted(set(self.levels))))
 
     @property
@@ -157,7 +147,7 @@ class SweepSnapshot:
     phase: str  # "waiting", "running", "done", "stopped", "abandoned" or "error"
     elapsed: float
     progress: float  # 0..1, by requests finished
-    current: str | None  # the side and load being measured
+    current: tuple[str, float] | None  # the side and load being measured
     points: tuple[SweepPoint, ...]
     finished: bool
     error: str | None
@@ -174,16 +164,16 @@ class Sweep(BackgroundJob):
                  connected: Callable[[], bool] | None = None) -> None:
         if not prompts:
             raise ValueError("prompts: at least one prompt is needed")
-        self.sweep_id = f"sweep-{uuid.uuid4().hex[:8]}"
-        super().__init__(self.sweep_id, heartbeat_timeout, local, close_local, connected)
-        self.engine, self.spec, self.interval = engine, spec or SweepSpec(), interval
+        super().__init__("sweep", heartbeat_timeout, connected, (local,) if close_local else ())
+        self.engine, self.local = engine, local
+        self.spec, self.interval = spec or SweepSpec(), interval
         self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
         self.prompt_ids = [self._encode(p) for p in prompts]
         self.num_threads = torch.get_num_threads()
         self._total = 2 * self.spec.num_requests
         self._points: list[SweepPoint] = []
         self._handles: list[RequestHandle] = []
-        self._current: str | None = None
+        self._current: tuple[str, float] | None = None
         self._done_requests = 0
 
     def _encode(self, prompt: Prompt) -> list[int]:
@@ -198,28 +188,6 @@ class Sweep(BackgroundJob):
     @property
     def mean_prompt_tokens(self) -> float:
         return sum(map(len, self.prompt_ids)) / len(self.prompt_ids)
-
-    def describe(self) -> dict[str, str]:
-        """How this sweep is measured, for the "How this was measured" panel."""
-        dc, loc, s = self.engine.stats(steps_after=None), self.local.stats(), self.spec
-        first, second = (LABELS[x] for x in s.order)
-        load = ("users: each sends one request at the point's t=0" if s.mode == "users" else
-                f"Poisson arrivals for {s.duration_s:g} s (seed {s.seed}), first at t=0")
-        return {
-            "order": f"at each load {first} first, then {second}: never both at once",
-            "load": load,
-            "requests": f"{s.num_requests} per side; greedy, max_tokens={s.max_tokens}, EOS "
-                        f"ignored; {len(self.prompt_ids)} prompts in turn, "
-                        f"{self.mean_prompt_tokens:.0f} tokens on average (chat template)",
-            "threads": f"{self.num_threads} torch threads for each side, in turn",
-            "datacenter": f"{dc.model} on {dc.device}, {dc.dtype}; continuous batching, up to "
-                          f"{self.engine.config.max_num_seqs} sequences per step, paged KV, "
-                          "prefix cache as configured in the sidebar",
-            "local PC": f"{loc.model} on {loc.device}, batch 1, FIFO queue, contiguous KV "
-                        f"for n_ctx={loc.n_ctx}",
-            "shared engine": "other sessions' requests share the datacenter engine and the "
-                             "cores: the other_requests and others_cpu columns show them",
-        }
 
     # ---- public API ------------------------------------------------------------------
     def _live_handles(self) -> list[RequestHandle]:
@@ -258,16 +226,15 @@ class Sweep(BackgroundJob):
         """Submit this load's requests as they arrive; wait for them; None if stopped."""
         runner = self.engine if side == "datacenter" else self.local
         arrivals = self.spec.arrivals(level)
-        unit = "users" if self.spec.mode == "users" else "requests/s"
         with self._lock:
-            self._current = f"{LABELS[side]}, {level:g} {unit}"
+            self._current = (side, level)
         cpu0, t0 = cpu_sample(), time.monotonic()
         sent, others, deadline = 0, 0, None
         while True:
             now = time.monotonic()
             while sent < len(arrivals) and not self._stop.is_set() and now - t0 >= arrivals[sent]:
                 ids = self.prompt_ids[sent % len(self.prompt_ids)]
-                rid = f"{self.sweep_id}-{side[:2]}{index}-u{sent}"
+                rid = f"{self.job_id}-{side[:2]}{index}-u{sent}"
                 with self._lock:
                     self._handles.append(runner.submit(ids, self.params, rid))
                 sent += 1
@@ -314,7 +281,7 @@ class Sweep(BackgroundJob):
 
     def _other_requests(self) -> int:
         stats = self.engine.stats(steps_after=None)
-        return sum(not rid.startswith(self.sweep_id)
+        return sum(not rid.startswith(self.job_id)
                    for rid in stats.running_ids + stats.waiting_ids)
 
     def _mean_batch(self, side: str, t0: float) -> float:
@@ -349,9 +316,9 @@ def format_table(points: Sequence[SweepPoint], spec: SweepSpec) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep") -> int:
     """Run a sweep on a fresh engine and local runner; print every point and the time."""
-    ap = argparse.ArgumentParser(prog="python -m workloads.sweep",
+    ap = argparse.ArgumentParser(prog=prog,
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--users", default=",".join(map(str, DEFAULT_USERS)),
                     help="comma-separated user counts")
@@ -367,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 SweepSpec("users", tuple(int(x) for x in a.users.split(",")), a.max_tokens))
     except ValueError as exc:
         ap.error(str(exc))
-    prompts = [[{"role": "user", "content": a.prompt}]] if a.prompt else varied_prompts()
-    with Engine() as engine, LocalPC(engine.loaded, n_ctx=2048) as local:
+    prompts = [chat(a.prompt)] if a.prompt else varied_prompts()
+    with Engine() as engine, LocalPC(engine.loaded) as local:
         dc = engine.stats(steps_after=None)
         print(f"model {dc.model} on {dc.device}, {dc.dtype} ({dc.dtype_reason}), "
               f"{torch.get_num_threads()} threads")

@@ -224,7 +224,7 @@ def step_breakdown(steps: list[StepStats]) -> dict[str, float]:
 def run_local(ctx: BenchContext) -> list[RunResult]:
     """The local PC: one user alone, then every request queued on one PC (sequential)."""
     results = []
-    with LocalPC(ctx.loaded, n_ctx=2048) as local:
+    with LocalPC(ctx.loaded) as local:
         local.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         for name, reqs in (("local@1", ctx.requests[:1]),
                            (f"local@{len(ctx.requests)}", ctx.requests)):

@@ -11,12 +11,6 @@ from engine import Engine, EngineConfig, SamplingParams
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture(scope="module")
-def engine(loaded):
-    with Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64), loaded=loaded) as e:
-        yield e
-
-
 def test_chat_prompt_streams_text_and_finishes(engine):
     h = engine.submit([{"role": "user", "content": "What is the capital of France?"}],
                       SamplingParams(max_tokens=24))

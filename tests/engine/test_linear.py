@@ -1,22 +1,39 @@
-"""engine.models.linear: the oneDNN-packed path must give F.linear's results."""
+"""engine.models.linear: the oneDNN-packed path must give F.linear's results, and is taken
+exactly where this machine's torch can pack (`should_pack` and the module's probe)."""
 
 import torch
 import torch.nn.functional as F
 
+from engine.models import linear
 from engine.models.linear import Linear, should_pack
 
 
-def test_packed_bfloat16_matches_f_linear() -> None:
+def bf16_layer(bias: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g).bfloat16()
-    b = torch.randn(96, generator=g).bfloat16()
-    x = torch.randn(5, 64, generator=g).bfloat16()
-    for bias in (None, b):
-        lin = Linear(w, bias, pack=should_pack(torch.device("cpu"), torch.bfloat16))
+    b = torch.randn(96, generator=g).bfloat16() if bias else None
+    return w, b, torch.randn(5, 64, generator=g).bfloat16()
+
+
+def test_bfloat16_on_cpu_is_packed_exactly_where_packing_works() -> None:
+    for bias in (False, True):
+        w, b, x = bf16_layer(bias)
+        can_pack = should_pack(torch.device("cpu"), torch.bfloat16) and linear._packing_works(w, b)
+        lin = Linear(w, b, pack=should_pack(torch.device("cpu"), torch.bfloat16))
+        assert lin.packed is can_pack
+        assert (lin.weight is not w) is can_pack  # packed: oneDNN's blocked copy of W
         assert lin.out_features == 96
-        got, want = lin(x), F.linear(x, w, bias)
+        got, want = lin(x), F.linear(x, w, b)
         assert got.shape == (5, 96) and got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_failing_probe_falls_back_to_f_linear(monkeypatch) -> None:
+    monkeypatch.setattr(linear, "_packing_works", lambda weight, bias: False)
+    w, b, x = bf16_layer(bias=True)
+    lin = Linear(w, b, pack=True)
+    assert not lin.packed and lin.weight is w
+    torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=0, atol=0)
 
 
 def test_float32_and_cuda_are_never_packed() -> None:

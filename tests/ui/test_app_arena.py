@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from apptest import metrics, new_app, run_until, wait_idle
 
 from ui import arena, shared
-from ui.presets import load_presets
+from workloads.prompts import load_prompts
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
 
 
 def race_of(at):
-    return at.session_state[arena.KEY_RACE]
+    return at.session_state[arena.SLOT.key]
 
 
 def test_page_shows_controls_presets_and_an_idle_status_strip():
@@ -30,9 +32,9 @@ def test_page_shows_controls_presets_and_an_idle_status_strip():
 
 def test_a_preset_fills_the_prompt():
     at = new_app()
-    korean = next(n for n in load_presets().presets if "Korean" in n)
+    korean = next(n for n in load_prompts().presets if "Korean" in n)
     at.selectbox(key="arena_preset").select(korean).run()
-    assert at.text_area(key="arena_prompt").value == load_presets().presets[korean]
+    assert at.text_area(key="arena_prompt").value == load_prompts().presets[korean]
 
 
 def test_empty_prompt_disables_run_with_a_hint():
@@ -75,7 +77,7 @@ def test_an_over_long_prompt_shows_the_limit():
     at.text_area(key="arena_prompt").input("word " * 2100).run()
     at.button(key="arena_run").click().run()
     assert at.error and "prompt:" in at.error[0].value and "2048 tokens" in at.error[0].value
-    assert arena.KEY_RACE not in at.session_state
+    assert arena.SLOT.key not in at.session_state
 
 
 def test_stop_cancels_the_race_and_frees_its_blocks():
@@ -94,7 +96,7 @@ def test_stop_cancels_the_race_and_frees_its_blocks():
 
 
 def test_a_closed_tab_cancels_its_requests(monkeypatch):
-    monkeypatch.setattr(arena, "HEARTBEAT_S", 1.0)
+    monkeypatch.setattr(arena, "SLOT", dataclasses.replace(arena.SLOT, heartbeat_s=1.0))
     at = new_app()
     at.number_input(key="arena_users").set_value(4)
     at.number_input(key="arena_max_tokens").set_value(400)

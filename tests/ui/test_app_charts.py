@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from ui import charts, frames
-from ui.presets import load_presets, user_prompts
-from workloads.race import RaceSnapshot
+from ui import arena, charts, frames, kv_view, presenter
+from workloads import scenarios
+from workloads.prompts import load_prompts, user_prompts
+from workloads.race import RaceSnapshot, SideView
 
 
 def snapshot(**kw) -> RaceSnapshot:
     base = dict(phase="done", elapsed=3.0, sides={}, tokens=[], kv=[], batch=[], rows=[],
-                finished=True, summary=None, ratio=None, error=None)
+                finished=True, ratio=None, error=None)
     return RaceSnapshot(**{**base, **kw})
 
 
@@ -76,8 +77,42 @@ def test_rows_frame_has_fixed_columns_for_the_csv():
     assert df.to_csv(index=False).splitlines()[0].startswith("side,user,you,ttft_s")
 
 
+def test_a_chart_gets_at_most_about_max_points_first_and_last_kept():
+    pts = [{"t": i} for i in range(1001)]
+    out = frames.thin(pts, 100)
+    assert len(out) <= 102 and out[0] == pts[0] and out[-1] == pts[-1]
+    assert frames.thin(pts[:5], 100) == pts[:5]
+
+
+def test_a_long_kv_series_keeps_both_kinds():
+    kv = [{"side": "local", "t": i / 10, "kind": k, "bytes": b}
+          for i in range(1000) for k, b in (("reserved", 2**21), ("used", 2**19))]
+    cols = frames.kv_columns(snapshot(kv=kv))
+    assert cols["kind"].count("reserved") == cols["kind"].count("used") <= frames.MAX_POINTS + 1
+    assert cols["t"][-1] == kv[-1]["t"]
+
+
+def test_the_race_summary_names_both_totals_and_their_ratio():
+    def side(name: str, tps: float) -> SideView:
+        return SideView(name, 8, True, True, 2.0, "", 0.1, 5.0, 64, tps, 8, None)
+
+    snap = snapshot(sides={"datacenter": side("datacenter", 123.4), "local": side("local", 9.87)},
+                    ratio=123.4 / 9.87)
+    assert arena.summary_sentence(snap) == (
+        "With 8 users at once, the datacenter engine generated 123 tokens/s in total, 12.5x "
+        "the local PC's 9.9 tokens/s serving one user at a time.")
+
+
+def test_every_presenter_scenario_is_played_by_a_page():
+    assert len(presenter.SCENARIOS) == 4
+    assert set(kv_view.KV_SCENARIOS) <= set(scenarios.SCENARIOS)
+    for key in presenter.SCENARIOS:
+        assert scenarios.get(key).key == key
+    assert [k for k in presenter.SCENARIOS if k in kv_view.KV_SCENARIOS] == ["shared_prefix"]
+
+
 def test_presets_include_korean_and_a_long_prompt():
-    presets = load_presets()
+    presets = load_prompts()
     texts = list(presets.presets.values())
     assert any(any("\uac00" <= ch <= "\ud7a3" for ch in t) for t in texts)  # Hangul
     assert max(len(t) for t in texts) > 2000
@@ -89,7 +124,7 @@ def test_user_prompts_put_you_first_or_last():
     assert you == 0 and [p[0]["content"] for p in prompts] == ["mine", "a", "b", "a"]
     prompts, you = user_prompts("mine", 3, False, True, ("a", "b"))
     assert you == 2 and [p[0]["content"] for p in prompts] == ["mine"] * 3
-    assert prompts[0] == [{"role": "user", "content": "mine"}]
+    assert prompts[0] == ({"role": "user", "content": "mine"},)
 
 
 def test_a_template_is_the_spec_without_its_rows():

@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine import SamplingParams
 from engine.kv_cache import waste_for_block_size
+from engine.local import DEFAULT_N_CTX
 from ui import kv_view, shared
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
@@ -28,8 +29,8 @@ def apps():
     opened: list[AppTest] = []
     yield opened
     for at in opened:
-        if kv_view.KEY_JOB in at.session_state:
-            assert at.session_state[kv_view.KEY_JOB].close(timeout=60)
+        if kv_view.SLOT.key in at.session_state:
+            assert at.session_state[kv_view.SLOT.key].close(timeout=60)
 
 
 def kv_page(apps: list[AppTest]) -> AppTest:
@@ -93,7 +94,7 @@ def test_block_map_counts_equal_the_engines_kv_stats(apps):
     assert f"{used:,} used · {cached:,} cached · {free:,} free" in caption
     # the contiguous layout: the one live request reserves n_ctx tokens, uses its blocks
     contiguous = chart(at, "Contiguous")
-    per = math.ceil(kv_view.LOCAL_N_CTX / engine.kv.block_size)
+    per = math.ceil(DEFAULT_N_CTX / engine.kv.block_size)
     c_used, c_reserved, c_free = counts(contiguous, "used", "reserved", "free")
     assert c_used == used and c_used + c_reserved == per and c_free == total - per
     # idle: the map equals engine.stats() taken afterwards
@@ -113,9 +114,9 @@ def test_a_scenario_runs_to_the_end_on_its_own_engine_and_leaks_no_blocks(apps):
     shared_engine = shared.shared_engine().engine
     at.button(key="kv_run_many_short").click().run()
     assert not at.exception, at.exception
-    job = at.session_state[kv_view.KEY_JOB]
+    job = at.session_state[kv_view.SLOT.key]
     assert job.engine is not shared_engine and job.engine.loaded is shared_engine.loaded
-    run_until(at, lambda a: job.done and bool(a.success))
+    run_until(at, lambda a: job.finished and bool(a.success))
     res = job.result
     assert job.error is None and not res.stopped
     assert len(res.outputs) == 40
@@ -151,15 +152,16 @@ def test_block_size_and_prefix_caching_build_the_scenario_engine_and_stop_ends_i
     at.select_slider(key="kv_block_small_pool").set_value(32)
     at.checkbox(key="kv_prefix_small_pool").check()
     at.button(key="kv_run_small_pool").click().run()
-    job = at.session_state[kv_view.KEY_JOB]
+    job = at.session_state[kv_view.SLOT.key]
     assert job.engine.kv.block_size == 32 and job.engine.kv.num_blocks == 32
     assert job.config.enable_prefix_caching
     assert shared.shared_engine().engine.config.block_size == 16  # untouched
-    if not job.done:  # the page shows the scenario's engine while it runs
-        assert "32 blocks × 32 tokens" in keyed(at, "kv-shown").markdown[0].value
-        assert at.button(key="kv_run_many_short").disabled
+    # six long requests in 32 blocks take many steps: the page that started them, drawn
+    # straight after, shows the scenario's own engine and locks the other cards
+    assert "32 blocks × 32 tokens" in keyed(at, "kv-shown").markdown[0].value
+    assert at.button(key="kv_run_many_short").disabled
     at.button(key="kv_stop").click().run()
-    run_until(at, lambda a: job.done and bool(a.warning))
+    run_until(at, lambda a: job.finished and bool(a.warning))
     assert job.result.stopped and "Stopped" in at.warning[0].value
     kv = job.final_stats.kv
     assert kv.used_blocks == 0 and kv.free_blocks + kv.cached_blocks == kv.num_blocks
@@ -176,6 +178,6 @@ def test_presenter_shared_prompt_button_starts_the_scenario_on_the_kv_page(apps)
     at.session_state[KEY_KV_START] = "shared_prefix"
     at.run(timeout=120)
     assert not at.exception, at.exception
-    job = at.session_state[kv_view.KEY_JOB]
+    job = at.session_state[kv_view.SLOT.key]
     assert job.scenario.key == "shared_prefix"
     assert KEY_KV_START not in at.session_state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -13,10 +14,17 @@ from ui import arena, settings, shared
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
 ROOT = Path(APP).parent
+STRIP = re.compile(r"running: (\d+) · waiting: (\d+) · yours: (\d+)")
 
 
 def sidebar_input(at: AppTest, label: str):
     return next(n for n in at.sidebar.number_input if n.label == label)
+
+
+def strip_counts(at: AppTest) -> tuple[int, int, int] | None:
+    """(running, waiting, yours) from the status strip, or None if it is not drawn."""
+    m = STRIP.search(at.caption[0].value) if at.caption else None
+    return tuple(map(int, m.groups())) if m else None
 
 
 def test_a_page_dropped_into_pages_joins_the_menu_after_arena(tmp_path):
@@ -35,12 +43,14 @@ def test_the_status_strip_shows_other_sessions_requests():
     alice.number_input(key="arena_users").set_value(3)
     alice.number_input(key="arena_max_tokens").set_value(300)
     alice.button(key="arena_run").click().run()
-    race = alice.session_state[arena.KEY_RACE]
-    run_until(bob, lambda a: "yours: 0" in a.caption[0].value
-              and "running: 0 · waiting: 0" not in a.caption[0].value)
-    strip = bob.caption[0].value
-    assert ("running: 3" in strip or "waiting: " in strip) and "yours: 0" in strip
-    run_until(alice, lambda a: "yours: 3" in a.caption[0].value)
+    race = alice.session_state[arena.SLOT.key]
+    run_until(bob, lambda a: strip_counts(a) not in (None, (0, 0, 0)))
+    running, waiting, yours = strip_counts(bob)
+    # alice's 3 requests, submitted together and still in flight: none of them bob's
+    assert running + waiting == 3 and yours == 0, bob.caption[0].value
+    run_until(alice, lambda a: (strip_counts(a) or (0, 0, 0))[2] == 3)
+    running, waiting, yours = strip_counts(alice)
+    assert running + waiting == 3, alice.caption[0].value
     race.stop()
     assert race.join(timeout=60)
 

@@ -24,7 +24,7 @@ def sweep_page() -> AppTest:
 
 
 def sweep_of(at: AppTest):
-    return at.session_state[sweep_view.KEY_SWEEP]
+    return at.session_state[sweep_view.SLOT.key]
 
 
 @pytest.fixture

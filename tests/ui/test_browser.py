@@ -9,6 +9,9 @@ overrides): on a 2-core machine shared with other jobs and with the browser itse
 OpenMP threads stall at every barrier (seen: 13 vs 93 tokens/s for the same race). These
 tests check the page, not the speed; the one speed assertion (datacenter > local) holds
 either way.
+
+Screenshots go to a temporary folder, so a test run leaves the checkout as it was;
+`make screenshots` sets BATCHLENS_SCREENSHOTS=assets to refresh the README's images.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
-SCREENSHOT = ROOT / "assets" / "arena.png"
 RACE_TIMEOUT_MS = 480_000
 STRIP = re.compile(r"running: (\d+) · waiting: (\d+) · yours: (\d+)")
 
@@ -73,6 +75,18 @@ def server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where screenshots go: $BATCHLENS_SCREENSHOTS (relative to the repository), else a
+    temporary folder."""
+    folder = os.environ.get("BATCHLENS_SCREENSHOTS")
+    if not folder:
+        return tmp_path_factory.mktemp("screenshots")
+    path = ROOT / folder  # an absolute folder stays as it is
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +151,7 @@ def total_tokens_per_s(page, side: str) -> float:
     return float(metric.locator("[data-testid='stMetricValue']").inner_text())
 
 
-def test_datacenter_beats_the_local_pc_and_screenshot(server, browser):
+def test_datacenter_beats_the_local_pc_and_screenshot(server, browser, shots):
     page = open_arena(browser, server)
     set_up_race(page, "Explain in a few sentences why the sky is blue.", users=8, max_tokens=48)
     click_run(page)
@@ -159,8 +173,8 @@ def test_datacenter_beats_the_local_pc_and_screenshot(server, browser):
     page.set_viewport_size({"width": 1600, "height": 2700})
     charts.nth(3).wait_for()
     page.wait_for_timeout(1000)
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT))
+    page.screenshot(path=str(shots / "arena.png"))
+    assert (shots / "arena.png").stat().st_size > 0
     page.context.close()
 
 
@@ -217,14 +231,14 @@ def answers(page) -> list[str]:
             for side in ("local", "datacenter")]
 
 
-def screenshot(page, name: str) -> None:
+def screenshot(page, folder: Path, name: str) -> None:
     page.set_viewport_size({"width": 1600, "height": 2400})
     page.wait_for_timeout(1500)  # let charts finish drawing
-    page.screenshot(path=str(ROOT / "assets" / f"presenter_{name}.png"))
+    page.screenshot(path=str(folder / f"presenter_{name}.png"))
     page.set_viewport_size({"width": 1600, "height": 1000})
 
 
-def test_presenter_mode_scenario_replays_and_every_page(server, browser):
+def test_presenter_mode_scenario_replays_and_every_page(server, browser, shots):
     page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
     page.set_default_timeout(120_000)
     page.goto(f"{server}/?presenter=1")
@@ -238,14 +252,14 @@ def test_presenter_mode_scenario_replays_and_every_page(server, browser):
         wait_for_summary(page)
         shown.append(answers(page))
     assert shown[0] == shown[1] and all(t.strip() for t in shown[0]), shown
-    screenshot(page, "arena")
+    screenshot(page, shots, "arena")
     # the shared system prompt scenario opens the KV cache page and plays there
     page.get_by_role("button", name=re.compile("sharing a 300-token system prompt")).click()
     page.wait_for_url(re.compile(r"/kv_cache"))
     page.get_by_text(re.compile(r"hit rate", re.I)).first.wait_for()
     page.locator(".st-key-kv-result").wait_for(timeout=RACE_TIMEOUT_MS)
     assert "presenter=1" in page.url
-    screenshot(page, "kv_cache")
+    screenshot(page, shots, "kv_cache")
     # the default load sweep (1..64 users), 4 tokens per request to keep the test short
     page.goto(f"{server}/sweep?presenter=1")
     field = page.get_by_label("Max tokens per request", exact=True)
@@ -257,9 +271,9 @@ def test_presenter_mode_scenario_replays_and_every_page(server, browser):
     summary = page.locator(".st-key-sweep-summary")
     summary.wait_for(timeout=RACE_TIMEOUT_MS)
     assert "the datacenter's total rose" in summary.inner_text()
-    screenshot(page, "sweep")
+    screenshot(page, shots, "sweep")
     page.goto(f"{server}/hardware?presenter=1")
     page.locator("[data-testid='stVegaLiteChart']").first.wait_for()
     assert page.get_by_role("button", name="One user", exact=True).count() == 0
-    screenshot(page, "hardware")
+    screenshot(page, shots, "hardware")
     page.context.close()

@@ -9,7 +9,7 @@ import pytest
 from polling import wait_for
 
 from engine import Engine, SamplingParams, summarize
-from workloads.race import Race, _thin
+from workloads.race import Race
 
 PROMPTS = [[{"role": "user", "content": c}] for c in
            ("What is the capital of France?", "Name a colour.", "Count to three.")]
@@ -19,13 +19,6 @@ def assert_engine_idle(engine: Engine) -> None:
     wait_for(lambda: engine.stats().num_running + engine.stats().num_waiting == 0, 10)
     stats = engine.stats()
     assert stats.kv.used_blocks == 0 and stats.kv.reserved_slots == 0
-
-
-def test_thin_keeps_first_and_last():
-    pts = [{"t": i} for i in range(1001)]
-    out = _thin(pts, 100)
-    assert len(out) <= 102 and out[0] == pts[0] and out[-1] == pts[-1]
-    assert _thin(pts[:5], 100) == pts[:5]
 
 
 @pytest.mark.model
@@ -41,7 +34,6 @@ def test_both_sides_run_and_summary_ratio_is_the_throughput_ratio(engine, local)
     ratio = summarize(o.metrics for o in dc).throughput / summarize(
         o.metrics for o in loc).throughput
     assert snap.ratio == pytest.approx(ratio)
-    assert f"{ratio:.1f}x" in snap.summary
     for name, outs in (("datacenter", dc), ("local", loc)):
         view = snap.sides[name]
         assert view.finished and view.users_finished == 3 and view.total_tokens == 18
@@ -65,7 +57,7 @@ def test_stop_cancels_every_request_and_frees_all_blocks(engine, local):
     race.stop()
     assert race.join(timeout=60)
     snap = race.snapshot()
-    assert snap.phase == "stopped" and snap.ratio is None and snap.summary is None
+    assert snap.phase == "stopped" and snap.ratio is None
     assert all(o.finish_reason == "cancelled" for o in race.outputs("datacenter"))
     assert not snap.sides["local"].started
     assert_engine_idle(engine)

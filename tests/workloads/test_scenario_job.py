@@ -23,7 +23,7 @@ def test_a_new_block_size_keeps_the_pool_size_in_token_slots():
 
 def assert_ended_clean(job: ScenarioJob) -> None:
     """The thread is gone, the engine shut down, and every block back in the pool."""
-    assert job.done and not job.running and not job.engine._thread.is_alive()
+    assert job.finished and job.join(0) and not job.engine._thread.is_alive()
     kv = job.final_stats.kv
     assert kv.used_blocks == 0 and kv.free_blocks + kv.cached_blocks == kv.num_blocks
 

@@ -1,4 +1,4 @@
-"""Scripted scenarios (engine/scenarios.py): well-formed, fit the engine, and replayable:
+"""Scripted scenarios (workloads/scenarios.py): well-formed, fit the engine, and replayable:
 the same scenario run twice gives the same text."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from workloads import scenarios
 from workloads.race import Race
 
 
-def test_registry_and_presenter_set():
-    assert len(scenarios.PRESENTER) == 4
-    for key in scenarios.PRESENTER:
-        assert scenarios.get(key).key == key
+def test_registry():
+    for key, sc in scenarios.SCENARIOS.items():
+        assert scenarios.get(key) is sc and sc.key == key
     with pytest.raises(ValueError, match="scenario: unknown 'nope'"):
         scenarios.get("nope")
     laptop = scenarios.get("laptop_70b")

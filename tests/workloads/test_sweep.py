@@ -11,7 +11,8 @@ from polling import wait_for
 
 from engine import Engine
 from engine.local import LocalPC
-from workloads.sweep import Sweep, SweepSpec, format_table, rows, varied_prompts
+from workloads.prompts import varied_prompts
+from workloads.sweep import Sweep, SweepSpec, format_table, rows
 
 PROMPTS = varied_prompts()[:3]
 

@@ -1,0 +1,77 @@
+"""Import arrows run one way: pages -> ui -> workloads / measure / server -> engine -> models.
+
+The modules are parsed, not imported, so every import is seen (inside functions and
+`if TYPE_CHECKING:` blocks too) and nothing heavy loads.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_ENGINE_MODULES = 16
+
+# package -> top-level names its modules must never import
+FORBIDDEN = {
+    "engine": {"workloads", "measure", "ui", "pages", "server", "batchlens", "streamlit"},
+    "measure": {"ui", "pages", "streamlit"},
+    "workloads": {"ui", "pages", "streamlit"},
+    "ui": {"pages"},
+}
+
+
+def imports(source: str, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in `source`, the code of `module`
+    (dotted, e.g. "engine.models.llama"); relative imports are resolved against it."""
+    package = module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            name = ".".join(base + ([node.module] if node.module else []))
+            found.append((node.lineno, name))
+    return found
+
+
+def modules(package: str) -> list[tuple[Path, str]]:
+    """(file, dotted module name) of every .py file under `package`."""
+    files = sorted((ROOT / package).rglob("*.py"))
+    return [(f, ".".join(f.relative_to(ROOT).with_suffix("").parts)) for f in files]
+
+
+def back_edges(package: str) -> list[str]:
+    out = []
+    for path, module in modules(package):
+        for line, name in imports(path.read_text(), module):
+            if name.split(".")[0] in FORBIDDEN[package]:
+                out.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return out
+
+
+def test_the_import_walker_sees_every_kind_of_import() -> None:
+    source = ("import os, ui.shared\nfrom . import config\nfrom ..workloads import race\n"
+              "def f():\n    from streamlit import session_state\n"
+              "if TYPE_CHECKING:\n    from measure.hardware import Profile\n")
+    assert sorted(imports(source, "engine.models.llama")) == [
+        (1, "os"), (1, "ui.shared"), (2, "engine.models"), (3, "engine.workloads"),
+        (5, "streamlit"), (7, "measure.hardware")]
+    assert imports("from . import x\n", "engine.core") == [(1, "engine")]
+    assert modules("engine") and all(m.startswith("engine.") for _, m in modules("engine"))
+
+
+def test_each_package_imports_only_downward() -> None:
+    for package in FORBIDDEN:
+        assert (ROOT / package).is_dir(), f"{package}/ is missing"
+        edges = back_edges(package)
+        assert not edges, (f"{package}/ must not import {', '.join(sorted(FORBIDDEN[package]))}:"
+                           "\n  " + "\n  ".join(edges))
+
+
+def test_engine_holds_the_serving_core_only() -> None:
+    found = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert len(found) <= MAX_ENGINE_MODULES, (
+        f"engine/ has {len(found)} modules (at most {MAX_ENGINE_MODULES}, models/ aside): "
+        + ", ".join(found))

@@ -1,0 +1,77 @@
+"""The "How this was measured" panels: the method in words, and a race's or a sweep's exact
+set-up (which side first, threads, model, batching, KV layout), from the job and the
+sides' own stats."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.serving import ServingStats
+from workloads.race import Race
+from workloads.sides import LABELS
+from workloads.sweep import Sweep
+
+
+def panel(method: str, setup: dict[str, str] | None = None,
+          title: str = "How this was measured") -> None:
+    """An expander with the method and, once a job exists, its set-up as a table."""
+    with st.expander(title):
+        st.write(method)
+        if setup is not None:
+            rows = pd.DataFrame(list(setup.items()), columns=["what", "how"])
+            st.dataframe(rows, hide_index=True, width="stretch")
+
+
+def _order(order: tuple[str, ...]) -> str:
+    first, second = (LABELS[s] for s in order)
+    return f"{first} first, then {second}: never both at once"
+
+
+def _threads(num_threads: int) -> str:
+    return f"{num_threads} torch threads for each side, in turn"
+
+
+def _on(stats: ServingStats) -> str:
+    return f"{stats.model} on {stats.device}"
+
+
+def race_setup(race: Race) -> dict[str, str]:
+    """How this race is measured."""
+    dc, loc, p = race.engine.stats(), race.local.stats(), race.params
+    return {
+        "order": _order(race.order),
+        "timeline": "each side's t=0 is its own first request; all users arrive at t=0",
+        "threads": _threads(race.num_threads),
+        "datacenter": f"{_on(dc)}, {dc.dtype} ({dc.dtype_reason}); continuous batching, up "
+                      f"to {race.engine.config.max_num_seqs} sequences per step, paged KV in "
+                      f"blocks of {race.engine.kv.block_size} tokens",
+        "local PC": f"{_on(loc)}, one user at a time (batch 1), FIFO queue, contiguous KV "
+                    f"reserved for n_ctx={loc.n_ctx} tokens"
+                    + (f"; {loc.emulated}" if loc.emulated else ""),
+        "sampling": f"max_tokens={p.max_tokens}, temperature={p.temperature}, per-user seed "
+                    "(same tokens on both sides)",
+        "shared engine": "other browser sessions' requests share the datacenter engine and "
+                         "the cores; the status strip shows them",
+    }
+
+
+def sweep_setup(sweep: Sweep) -> dict[str, str]:
+    """How this sweep is measured."""
+    dc, loc, s = sweep.engine.stats(steps_after=None), sweep.local.stats(), sweep.spec
+    load = ("users: each sends one request at the point's t=0" if s.mode == "users" else
+            f"Poisson arrivals for {s.duration_s:g} s (seed {s.seed}), first at t=0")
+    return {
+        "order": f"at each load {_order(s.order)}",
+        "load": load,
+        "requests": f"{s.num_requests} per side; greedy, max_tokens={s.max_tokens}, EOS "
+                    f"ignored; {len(sweep.prompt_ids)} prompts in turn, "
+                    f"{sweep.mean_prompt_tokens:.0f} tokens on average (chat template)",
+        "threads": _threads(sweep.num_threads),
+        "datacenter": f"{_on(dc)}, {dc.dtype}; continuous batching, up to "
+                      f"{sweep.engine.config.max_num_seqs} sequences per step, paged KV, "
+                      "prefix cache as configured in the sidebar",
+        "local PC": f"{_on(loc)}, batch 1, FIFO queue, contiguous KV for n_ctx={loc.n_ctx}",
+        "shared engine": "other sessions' requests share the datacenter engine and the "
+                         "cores: the other_requests and others_cpu columns show them",
+    }
