@@ -77,6 +77,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop_token_ids are not honoured before this many tokens
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -97,6 +98,7 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         if any(not isinstance(i, int) or i < 0 for i in self.stop_token_ids):
             raise ValueError("stop_token_ids must be a list of token ids >= 0")
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
 
     @property
     def greedy(self) -> bool:

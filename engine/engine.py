@@ -9,9 +9,9 @@ snapshot. The engine thread never touches any UI.
 
 from __future__ import annotations
 
-import itertools
 import threading
-from collections.abc import Iterable
+import traceback
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -19,6 +19,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, Request, RequestUpdate, StepStats
 from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
 from engine.models.loaded import LoadedModel
+from engine.outputs import RequestOutput
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.serving import ALL_STEPS, ServingBase, ServingStats
@@ -55,12 +56,9 @@ class Engine(ServingBase):
         self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
                                self.loaded.eos_token_ids, self.max_model_len)
         self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
-        self._ids = itertools.count()
-        self._cond = threading.Condition()
         self._inbox: list[Request] = []
-        self._cancels: set[str] = set()
         self._state_lock = threading.Lock()
-        self._stopped = False
+        self._finish_listeners: list[Callable[[RequestOutput], None]] = []
         self._start_loop(self._loop, "batchlens-engine")
 
     # ---- set-up --------------------------------------------------------------------
@@ -124,6 +122,11 @@ class Engine(ServingBase):
             new.append(step)
         return tuple(reversed(new))
 
+    def add_finish_listener(self, listener: Callable[[RequestOutput], None]) -> None:
+        """Call `listener(output)` for every request that ends from now on, whatever its
+        source (a browser, the API, a workload). It runs on the engine thread: keep it cheap."""
+        self._finish_listeners.append(listener)
+
     def kv_snapshot(self) -> tuple[list[BlockInfo], KVCacheStats]:
         """Every block's state plus the stats at the same moment."""
         with self._state_lock:
@@ -137,7 +140,7 @@ class Engine(ServingBase):
                 self.core.add(request)
             self._inbox.clear()
             updates = [self.core.abort(rid) for rid in list(self.core.requests)]
-        _stream(u for u in updates if u is not None)
+        self._stream(u for u in updates if u is not None)
 
     # ---- submission ----------------------------------------------------------------
     def _enqueue(self, request: Request) -> None:
@@ -177,22 +180,27 @@ class Engine(ServingBase):
             with self._state_lock:
                 updates = [core.abort(rid) for rid in cancels]
                 batch = core.schedule()
-            _stream(u for u in updates if u is not None)
+            self._stream(u for u in updates if u is not None)
             if batch.is_empty:
                 continue
             out = core.execute(batch)
             with self._state_lock:
                 updates = core.update(batch, out)
-            _stream(updates)
+            self._stream(updates)
 
-
-def _stream(updates: Iterable[RequestUpdate]) -> None:
-    """Hand each update to its request's streaming handle."""
-    for u in updates:
-        handle = u.request.handle
-        if handle is None:
-            continue
-        if u.output is not None:
-            handle._finish(u.output, u.delta)
-        else:
-            handle._push(u.delta, u.num_tokens)
+    def _stream(self, updates: Iterable[RequestUpdate]) -> None:
+        """Hand each update to its request's streaming handle; tell the listeners of each
+        request that ended."""
+        for u in updates:
+            handle = u.request.handle
+            if u.output is None:
+                if handle is not None:
+                    handle._push(u.delta, u.num_tokens)
+                continue
+            if handle is not None:
+                handle._finish(u.output, u.delta)
+            for listener in self._finish_listeners:
+                try:
+                    listener(u.output)
+                except Exception:  # a broken listener must not stop the engine
+                    traceback.print_exc()

@@ -10,15 +10,13 @@ laid end to end, so the same `ModelRunner` and forward serve both sides::
     contiguous buffer of n_ctx slots = blocks 0, 1, 2, ... n_ctx/16-1 in order
     request using 37 tokens          -> block table [0, 1, 2]; slots 37..n_ctx-1 reserved, unused
 
-With a device and model profile the runner is *emulated*: it still computes real tokens
+With a device and model profile the local PC is *emulated*: it still computes real tokens
 with the bundled model but releases them no faster than the roofline projection for that
 pair ("a 7B model on an RTX 4060 laptop"), and labels its outputs so.
 """
 
 from __future__ import annotations
 
-import itertools
-import threading
 import time
 from collections import deque
 from typing import Protocol
@@ -70,13 +68,9 @@ class LocalPC(ServingBase):
         self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
         num_blocks = -(-n_ctx // LOCAL_BLOCK)
         self.runner = ModelRunner(self.loaded.model, num_blocks, LOCAL_BLOCK)
-        self._ids = itertools.count()
-        self._cond = threading.Condition()
         self._queue: deque[Request] = deque()
-        self._cancels: set[str] = set()
         self._current: Request | None = None
         self._num_finished = self._num_output_tokens = 0
-        self._stopped = False
         self._start_loop(self._loop, "batchlens-local")
 
     # ---- public API ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """What callers get back: `RequestOutput` and a streaming `RequestHandle`.
 
-Both the datacenter engine and the local runner return these types, so the UI and the
+Both the datacenter engine and the local PC return these types, so the UI and the
 benchmark treat the two sides alike.
 """
 

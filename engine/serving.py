@@ -104,7 +104,12 @@ class ServingBase:
                 "dtype_reason": self.loaded.dtype_reason}
 
     def _start_loop(self, target: Callable[[], None], name: str) -> None:
-        """Start the background loop `target` on a daemon thread called `name`."""
+        """Set up what submit and cancel share with the loop, then start the background
+        loop `target` on a daemon thread called `name`."""
+        self._ids = itertools.count()
+        self._cond = threading.Condition()
+        self._cancels = set()
+        self._stopped = False
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=target, name=name, daemon=True)
         self._thread.start()

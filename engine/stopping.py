@@ -1,4 +1,4 @@
-"""What happens when a token is sampled, shared by the engine and the local runner:
+"""What happens when a token is sampled, shared by the engine and the local PC:
 append it, time-stamp it, detokenize it, and decide whether the request is done."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ def append_token(
     seq.output_token_ids.append(token)
     seq.metrics.token_times.append(now)
     p = seq.params
-    if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
+    may_stop = len(seq.output_token_ids) > p.min_tokens  # vLLM's min_tokens
+    if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids)):
         return "stop"
     detok.add(token)
     if detok.stopped:

@@ -1,6 +1,6 @@
 """A loaded model: weights on a device, its tokenizer, and prompt encoding.
 
-One `LoadedModel` can be shared by the engine and the local runner so both sides run
+One `LoadedModel` can be shared by the engine and the local PC so both sides run
 the very same weights and math.
 """
 
@@ -34,9 +34,9 @@ class LoadedModel:
         cls, model: str | None = None, device: str = "auto", dtype: str = "auto"
     ) -> LoadedModel:
         """Resolve, convert if needed (GGUF, once), and load a model (on the compute thread)."""
-        session = compute.run(cls._load, model, device, dtype)
+        loaded = compute.run(cls._load, model, device, dtype)
         freeze_heap()
-        return session
+        return loaded
 
     @classmethod
     def _load(cls, model: str | None, device: str, dtype: str) -> LoadedModel:

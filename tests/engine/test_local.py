@@ -50,8 +50,8 @@ def test_users_queue_one_after_another(local):
 def test_emulated_device_paces_to_the_projection(loaded):
     # a 70B model at int4 on a desktop CPU projects ~2.5 tokens/s: far slower than this machine
     pacing = hardware.Emulation("desktop_cpu", "llama-2-70b", "int4")
-    with LocalPC(loaded, n_ctx=256, pacing=pacing) as runner:
-        out = runner.generate(["Tell me about the sea."],
+    with LocalPC(loaded, n_ctx=256, pacing=pacing) as paced:
+        out = paced.generate(["Tell me about the sea."],
                               SamplingParams(max_tokens=8, ignore_eos=True))[0]
     proj = hardware.decode_tokens_per_s("llama-2-70b", "int4", "desktop_cpu", batch=1,
                                         context=len(out.prompt_token_ids) + 4)

@@ -6,6 +6,8 @@ max_tokens or the context limit. (SamplingParams has no min_tokens: not tested.)
 
 from __future__ import annotations
 
+import pytest
+
 from engine.config import SamplingParams
 from engine.detokenizer import IncrementalDetokenizer
 from engine.metrics import RequestMetrics
@@ -113,3 +115,15 @@ def test_the_output_of_a_finished_request_is_a_copy_with_its_reason() -> None:
     assert (out.num_cached_tokens, out.num_preemptions) == (16, 1)
     failed = make_output(seq, detok, "error", error="device lost")
     assert failed.finish_reason == "error" and failed.error == "device lost"
+
+
+
+def test_min_tokens_holds_off_eos_and_stop_ids_until_reached() -> None:
+    """vLLM's min_tokens: EOS and stop token ids count only after that many tokens."""
+    seq, detok = request(max_tokens=8, min_tokens=2, stop_token_ids=[tok("z")])
+    assert feed(seq, detok, [EOS, tok("z"), EOS]) == [None, None, "stop"]
+
+
+def test_min_tokens_above_max_tokens_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
