@@ -1,6 +1,7 @@
 """The `batchlens` command: one entry for everything that runs from a terminal.
 
     batchlens bench [...]            the engine against transformers and the local PC
+    batchlens bench api [...]        the same requests over the API and in-process
     batchlens sweep [...]            the load sweep: 1 to 64 users on both sides
     batchlens scenario [NAME] [...]  a scripted scenario with prefix caching on, then off
     batchlens race [...]             one race, headless: the arena page's numbers
@@ -17,11 +18,13 @@ import sys
 # command -> (module with `main(argv, prog)`, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("measure.bench.cli",
-              "the engine against transformers and the local PC on one request mix"),
+              "the engine against transformers and the local PC on one request mix "
+              "(`bench api`: over the API vs in-process)"),
     "sweep": ("workloads.sweep", "the load sweep: throughput and latency from 1 to 64 users"),
     "scenario": ("workloads.scenarios",
                  "a scripted scenario, with prefix caching on and then off"),
     "race": ("workloads.race", "one race headless: the same prompts on both sides"),
+    "serve": ("server.cli", "the OpenAI-compatible API alone, without the dashboard"),
 }
 
 

@@ -105,8 +105,8 @@ def engine(loaded):
 
 @pytest.fixture(scope="module")
 def local(loaded):
-    """A local runner with a 512-token window on the shared float32 loaded."""
+    """A local PC with a 512-token window on the shared float32 model."""
     from engine.local import LocalPC
 
-    with LocalPC(loaded, n_ctx=512) as runner:
-        yield runner
+    with LocalPC(loaded, n_ctx=512) as local_pc:
+        yield local_pc

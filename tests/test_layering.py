@@ -17,6 +17,7 @@ FORBIDDEN = {
     "engine": {"workloads", "measure", "ui", "pages", "server", "batchlens", "streamlit"},
     "measure": {"ui", "pages", "streamlit"},
     "workloads": {"ui", "pages", "streamlit"},
+    "server": {"ui", "pages", "streamlit", "workloads"},
     "ui": {"pages"},
 }
 

@@ -4,6 +4,7 @@ browser session (`st.cache_resource`), so teammates' requests are batched togeth
     browser A --\\
     browser B ---+--> SharedEngine --> Engine (continuous batching) --> LoadedModel
     browser C --/        rebuild(config): new Engine on the same weights, old one shut down
+    API client --/       (ui/api.py: the same engine over HTTP, on the same port)
 
 Set BATCHLENS_MODEL to a local HF folder or .gguf path to serve another Llama-family model;
 BATCHLENS_DTYPE to force a dtype (default "auto").
@@ -34,18 +35,30 @@ def loaded_model(device: str = "auto") -> LoadedModel:
                              os.environ.get("BATCHLENS_DTYPE", "auto"))
 
 
+# Called with every shared engine built (the first, and each rebuild), e.g. the API's
+# metrics exporter, which must see every engine's finished requests.
+ENGINE_WATCHERS: list[Callable[[Engine], None]] = []
+
+
+def _build(config: EngineConfig, loaded: LoadedModel) -> Engine:
+    engine = Engine(config, loaded=loaded)
+    for watch in ENGINE_WATCHERS:
+        watch(engine)
+    return engine
+
+
 class SharedEngine:
     """Holds the current shared `Engine`; `rebuild` swaps it for one with new settings."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.loaded = loaded
         self._lock = threading.Lock()
-        self.engine = Engine(config or EngineConfig(), loaded=loaded)
+        self.engine = _build(config or EngineConfig(), loaded)
 
     def rebuild(self, config: EngineConfig) -> Engine:
         """Build a new engine on the same weights (no reload); shut the old one down.
         Raises `ValueError` (and keeps the old engine) when the settings are impossible."""
-        new = Engine(config, loaded=self.loaded)
+        new = _build(config, self.loaded)
         with self._lock:
             old, self.engine = self.engine, new
         old.shutdown()

@@ -84,7 +84,7 @@ class RaceSnapshot:
 @dataclass
 class _Side:
     name: str
-    runner: ServingSide
+    server: ServingSide
     handles: list[RequestHandle] = field(default_factory=list)
     t0: float | None = None
     t_end: float | None = None
@@ -195,7 +195,7 @@ class Race(BackgroundJob):
             self._phase = side.name
             side.t0 = time.monotonic()
             n = len(self.prompt_ids)
-            side.handles.extend(side.runner.submit_many(  # one moment: same batches every run
+            side.handles.extend(side.server.submit_many(  # one moment: same batches every run
                 self.prompt_ids, [self._params_for(u) for u in range(n)],
                 [f"{self.job_id}-{side.name[:2]}-u{u}" for u in range(n)]))
         if self._stop.is_set():
@@ -238,7 +238,7 @@ class Race(BackgroundJob):
         now = time.monotonic()
         t = now - side.t0
         tokens = sum(h.num_tokens for h in side.handles)
-        stats = side.runner.stats(steps_after=max(side.t0, side.last_step_start))
+        stats = side.server.stats(steps_after=max(side.t0, side.last_step_start))
         reserved, used = stats.kv_reserved_bytes, stats.kv_used_bytes
         steps = list(stats.recent_steps)
         # requests ahead of yours: the queue, plus the running ones when they fill every

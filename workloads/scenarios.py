@@ -2,7 +2,7 @@
 every time. Presenter mode plays the arena ones; the KV cache page plays the cache ones on
 an engine of its own, built from `Scenario.engine_config`.
 
-`run_scenario` submits a scenario's users to any engine (or local runner) and reports
+`run_scenario` submits a scenario's users to any engine (or the local PC) and reports
 what the KV cache did for it: prefix-cache hit rate, preemptions, TTFT. A shared system
 prompt meets a warm cache in production, since earlier traffic sent it: `warmup` sends it
 once first (not counted), and with `stagger=True` each user arrives when the one before has

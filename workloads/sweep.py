@@ -224,7 +224,7 @@ class Sweep(BackgroundJob):
 
     def _run_point(self, side: str, index: int, level: float) -> SweepPoint | None:
         """Submit this load's requests as they arrive; wait for them; None if stopped."""
-        runner = self.engine if side == "datacenter" else self.local
+        server = self.engine if side == "datacenter" else self.local
         arrivals = self.spec.arrivals(level)
         with self._lock:
             self._current = (side, level)
@@ -236,7 +236,7 @@ class Sweep(BackgroundJob):
                 ids = self.prompt_ids[sent % len(self.prompt_ids)]
                 rid = f"{self.job_id}-{side[:2]}{index}-u{sent}"
                 with self._lock:
-                    self._handles.append(runner.submit(ids, self.params, rid))
+                    self._handles.append(server.submit(ids, self.params, rid))
                 sent += 1
             for h in self._handles:
                 h.poll()  # drain streamed text; only the final metrics are used
@@ -317,7 +317,7 @@ def format_table(points: Sequence[SweepPoint], spec: SweepSpec) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep") -> int:
-    """Run a sweep on a fresh engine and local runner; print every point and the time."""
+    """Run a sweep on a fresh engine and local PC; print every point and the time."""
     ap = argparse.ArgumentParser(prog=prog,
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--users", default=",".join(map(str, DEFAULT_USERS)),

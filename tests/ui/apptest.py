@@ -11,7 +11,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "dashboard.py")  # app.py serves it
 
 
 def new_app(timeout: float = 120, secrets: dict | None = None) -> AppTest:

@@ -28,10 +28,10 @@ def strip_counts(at: AppTest) -> tuple[int, int, int] | None:
 
 
 def test_a_page_dropped_into_pages_joins_the_menu_after_arena(tmp_path):
-    shutil.copy(APP, tmp_path / "app.py")
+    shutil.copy(APP, tmp_path / "dashboard.py")
     shutil.copytree(ROOT / "pages", tmp_path / "pages")
     (tmp_path / "pages" / "zz_extra.py").write_text('import streamlit as st\nst.header("Extra")\n')
-    at = AppTest.from_file(str(tmp_path / "app.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(tmp_path / "dashboard.py"), default_timeout=120).run()
     assert not at.exception
     assert at.header[0].value.startswith("Arena")  # arena is the default page
     at.switch_page("pages/zz_extra.py").run()

@@ -225,6 +225,31 @@ def test_a_closed_tab_cancels_its_race_and_frees_its_blocks(server, browser):
     watcher.context.close()
 
 
+def test_api_clients_show_on_the_status_strip(server, browser):
+    """The dashboard's own port serves the API on the same shared engine: 8 streaming API
+    clients appear on the status strip as running requests (none of them the page's)."""
+    from openai import OpenAI
+
+    page = open_arena(browser, server)
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    streams = [client.completions.create(
+        model=model, prompt=f"Story number {i}: once upon a time", max_tokens=512,
+        stream=True, extra_body={"ignore_eos": True}) for i in range(8)]
+    try:
+        for stream in streams:  # every request is in the engine once it streamed a chunk
+            next(iter(stream))
+        wait_for(lambda: (strip_counts(page) or (0, 0, 0))[0] >= 8, 60,
+                 "the status strip never showed the 8 API requests running", interval=0.25)
+        assert strip_counts(page)[2] == 0  # not this browser session's
+    finally:
+        for stream in streams:
+            stream.close()  # a closed stream cancels its request
+    wait_for(lambda: strip_counts(page) == (0, 0, 0), 60,
+             "the closed API streams still run", interval=0.25)
+    page.context.close()
+
+
 def answers(page) -> list[str]:
     """Your answer as shown on each side (plain text blocks)."""
     return [page.locator(f".st-key-side-{side} [data-testid='stCode']").inner_text()

@@ -1,0 +1,48 @@
+"""batchlens: the dashboard script (app.py serves it). Navigation over pages/, and the
+shared chrome: page config, the one-line claim, the shared engine (loaded once), its
+sidebar settings (hidden in presenter mode), the presenter-mode switch and the status
+strip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from ui import presenter, settings, shared, status
+
+HERE = Path(__file__).resolve().parent
+# Menu order and labels of known pages; only files that exist in pages/ are shown, and any
+# other page file dropped into pages/ is appended after these.
+PAGES: dict[str, tuple[str, str]] = {
+    "arena": ("Arena", ":material/sports_score:"),
+    "sweep": ("Sweep", ":material/stacked_line_chart:"),
+    "kv_cache": ("KV cache", ":material/grid_view:"),
+    "hardware": ("Hardware", ":material/memory:"),
+}
+
+
+def page_list() -> list[st.Page]:
+    """st.Page objects for the files in pages/, arena first and the default."""
+    stems = sorted(p.stem for p in (HERE / "pages").glob("*.py") if not p.stem.startswith("_"))
+    ordered = [s for s in PAGES if s in stems] + [s for s in stems if s not in PAGES]
+    out = []
+    for i, stem in enumerate(ordered):
+        title, icon = PAGES.get(stem, (stem.replace("_", " ").capitalize(), ":material/article:"))
+        out.append(st.Page(HERE / "pages" / f"{stem}.py", title=title, icon=icon,
+                           url_path=stem, default=i == 0))
+    return out
+
+
+st.set_page_config(page_title="batchlens", page_icon=":material/speed:", layout="wide")
+page = st.navigation(page_list())
+st.title("A local PC serves one user at a time; a datacenter batches everyone.")
+holder = shared.shared_engine()
+presenting = presenter.sync_from_url()  # before the toggle widget: it may set its state
+presenter.toggle()
+if presenting:
+    presenter.apply_style()  # big text; the engine settings stay hidden
+else:
+    settings.engine_settings(holder)
+status.status_strip()
+page.run()

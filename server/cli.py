@@ -1,0 +1,110 @@
+"""`batchlens serve`: the OpenAI-compatible API alone, without the dashboard.
+
+    batchlens serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine flags]
+
+One engine is built at start (the model loads once) and serves every request; the API key
+comes from `--api-key` or the environment variable BATCHLENS_API_KEY (none: no auth).
+Prometheus metrics are served at /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from engine.config import DEVICES, DTYPES, EngineConfig
+
+PROG = "batchlens serve"
+API_KEY_ENV = "BATCHLENS_API_KEY"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    ap.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    ap.add_argument("--api-key", help=f"require `Authorization: Bearer KEY` on /v1 routes "
+                    f"(default: ${API_KEY_ENV}, else none)")
+    ap.add_argument("--max-waiting", type=int, default=256,
+                    help="refuse requests (429) while this many wait (default: %(default)s)")
+    ap.add_argument("--log-level", default="info",
+                    choices=("critical", "error", "warning", "info", "debug"))
+    eng = ap.add_argument_group("engine")
+    defaults = EngineConfig()
+    eng.add_argument("--model", help="a local HF folder or .gguf file (default: the "
+                     "bundled SmolLM2-135M-Instruct)")
+    eng.add_argument("--device", choices=DEVICES, default=defaults.device)
+    eng.add_argument("--dtype", choices=DTYPES, default=defaults.dtype)
+    eng.add_argument("--block-size", type=int, default=defaults.block_size,
+                     help="tokens per KV block (default: %(default)s)")
+    eng.add_argument("--num-kv-blocks", type=int, help="KV pool size in blocks "
+                     "(default: sized by --kv-cache-memory-gb)")
+    eng.add_argument("--kv-cache-memory-gb", type=float,
+                     help="KV pool budget (default: 1 GiB on CPU, 40%% of free GPU memory)")
+    eng.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
+                     help="requests running at once (default: %(default)s)")
+    eng.add_argument("--max-num-batched-tokens", type=int,
+                     default=defaults.max_num_batched_tokens,
+                     help="token budget of one step (default: %(default)s)")
+    eng.add_argument("--no-prefix-caching", action="store_true",
+                     help="turn the prefix cache off")
+    return ap
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings the flags ask for (raises ValueError naming a bad one)."""
+    return EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_memory_gb,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching)
+
+
+def metrics_for(engine: Any) -> Any | None:
+    """A Prometheus exporter watching `engine` (None when server.metrics is absent)."""
+    try:
+        from server.metrics import ServerMetrics
+    except ImportError:
+        return None
+    metrics = ServerMetrics(lambda: engine, model_name=engine.loaded.name)
+    metrics.watch(engine)
+    return metrics
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Build the engine, then serve the API with uvicorn until interrupted."""
+    ap = build_parser(prog)
+    args = ap.parse_args(argv)
+    if args.max_waiting < 0:
+        ap.error("--max-waiting must be >= 0")
+    try:
+        config = engine_config(args)
+    except ValueError as exc:
+        ap.error(str(exc))
+
+    import uvicorn
+    from starlette.applications import Starlette
+
+    from engine.engine import Engine
+    from server.routes import api_routes
+
+    print(f"{prog}: loading the model ...", file=sys.stderr, flush=True)
+    engine = Engine(config)
+    try:
+        stats = engine.stats(steps_after=None)
+        print(f"{prog}: {engine.loaded.name} on {stats.device} ({stats.dtype}), "
+              f"{engine.kv.num_blocks} KV blocks of {config.block_size} tokens; "
+              f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+        routes = api_routes(lambda: engine, model_name=engine.loaded.name,
+                            api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                            max_waiting=args.max_waiting, metrics=metrics_for(engine))
+        uvicorn.run(Starlette(routes=routes), host=args.host, port=args.port,
+                    log_level=args.log_level, timeout_graceful_shutdown=5)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,554 @@
+"""The OpenAI-compatible API with the official `openai` client against real uvicorn servers
+on 127.0.0.1 (httpx's ASGI transport does not stream).
+
+Model-free tests (the wire format, auth, every error caught before generation) run a
+server over a stand-in engine; `model` tests serve a small real engine on the bundled
+float32 model: chat and completions, streamed and not, usage and cached tokens, stop
+strings, seeds, parity with `Engine.generate`, a full queue, a disconnect, an engine error
+mid-stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from polling import wait_for
+from starlette.applications import Starlette
+
+from engine import Engine, EngineConfig, SamplingParams
+from server import protocol
+from server.cli import build_parser, engine_config
+from server.errors import APIError, error_body
+from server.routes import api_routes
+
+STUB_MODEL = "stub-model"
+KEY = "sekret"
+TIMEOUT_S = 60.0
+
+
+# ---- a real server in a thread -------------------------------------------------------
+@contextlib.contextmanager
+def serving(routes) -> Iterator[str]:
+    """uvicorn on a free 127.0.0.1 port in a thread; yields the base URL; stops it after."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout=10, message="uvicorn did not start")
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def client_for(url: str, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=TIMEOUT_S)
+
+
+class StubEngine:
+    """Just enough of an engine for routes that never reach generation."""
+
+    max_model_len = 2048
+    loaded = SimpleNamespace(name=STUB_MODEL)
+
+    def __init__(self) -> None:
+        self.alive = True
+        self._thread = SimpleNamespace(is_alive=lambda: self.alive)
+
+
+@pytest.fixture(scope="module")
+def stub():
+    return StubEngine()
+
+
+@pytest.fixture(scope="module")
+def stub_url(stub):
+    with serving(api_routes(lambda: stub, model_name=STUB_MODEL)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def stub_client(stub_url):
+    with client_for(stub_url) as c:
+        yield c
+
+
+def quiet(eng: Engine) -> bool:
+    s = eng.stats(steps_after=None)
+    return s.num_running == 0 and s.num_waiting == 0 and s.kv.used_blocks == 0
+
+
+# ---- the wire format, no server ------------------------------------------------------
+def test_parse_defaults_and_vllm_extensions():
+    req = protocol.parse_completion({"prompt": "Hi", "frobnicate": [1]}, STUB_MODEL)
+    assert (req.prompt, req.params.max_tokens, req.params.temperature) == ("Hi", 16, 1.0)
+    assert (req.stream, req.include_usage, req.n, req.max_tokens_param) == (False, False, 1, None)
+    chat = protocol.parse_chat({"messages": [{"role": "user", "content": "Hi"}]}, STUB_MODEL)
+    assert chat.params.max_tokens == protocol.CHAT_DEFAULT_MAX_TOKENS == 256
+    body = {"model": STUB_MODEL, "prompt": [[1, 2, 3]], "top_k": -1, "stop": "\n",
+            "seed": 3, "ignore_eos": True, "min_tokens": 2, "max_tokens": 9,
+            "stream": True, "stream_options": {"include_usage": True}, "n": 1}
+    req = protocol.parse_completion(body, STUB_MODEL)
+    p = req.params
+    assert req.prompt == [1, 2, 3] and req.stream and req.include_usage
+    assert (p.top_k, p.stop, p.seed, p.ignore_eos, p.min_tokens, p.max_tokens) == (
+        0, ["\n"], 3, True, 2, 9)
+
+
+def test_parse_chat_content_parts_and_max_completion_tokens():
+    body = {"messages": [{"role": "system", "content": None},
+                         {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                      {"type": "text", "text": "b"}]}],
+            "max_tokens": 50, "max_completion_tokens": 7}
+    req = protocol.parse_chat(body, STUB_MODEL)
+    assert req.prompt == [{"role": "system", "content": ""}, {"role": "user", "content": "a\nb"}]
+    assert (req.params.max_tokens, req.max_tokens_param) == (7, "max_completion_tokens")
+
+
+@pytest.mark.parametrize(("chat", "body", "param"), [
+    (False, {"prompt": "Hi", "temperature": -1}, "temperature"),
+    (False, {"prompt": "Hi", "top_p": 2}, "top_p"),
+    (False, {"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+    (True, {"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    (False, {"prompt": "Hi", "temperature": "hot"}, "temperature"),
+    (False, {"prompt": "Hi", "max_tokens": "ten"}, "max_tokens"),
+    (False, {"prompt": "Hi", "ignore_eos": "yes"}, "ignore_eos"),
+    (False, {"prompt": "Hi", "stop": 5}, "stop"),
+    (False, {"prompt": "Hi", "stop": ["ok", ""]}, "stop"),
+    (False, {"prompt": "Hi", "n": 2}, "n"),
+    (False, {"prompt": "Hi", "seed": -1}, "seed"),
+    (False, {"prompt": "Hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    (False, {"prompt": "Hi", "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage"),
+    (False, {"prompt": "   "}, "prompt"),
+    (False, {}, "prompt"),
+    (False, {"prompt": ["a", "b"]}, "prompt"),
+    (False, {"prompt": [1, "a"]}, "prompt"),
+    (True, {"messages": []}, "messages"),
+    (True, {"messages": "Hi"}, "messages"),
+    (True, {"messages": [{"role": "user", "content": " "}]}, "messages"),
+    (True, {"messages": [{"content": "Hi"}]}, "messages"),
+    (True, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+])
+def test_parse_errors_name_the_param(chat, body, param):
+    parse = protocol.parse_chat if chat else protocol.parse_completion
+    with pytest.raises(APIError) as err:
+        parse(body, STUB_MODEL)
+    assert (err.value.status, err.value.param) == (400, param)
+    assert param in err.value.message
+
+
+def test_unknown_model_is_404_and_engine_errors_name_the_clients_field():
+    with pytest.raises(APIError) as err:
+        protocol.parse_completion({"prompt": "Hi", "model": "gpt-x"}, STUB_MODEL)
+    assert (err.value.status, err.value.param, err.value.code) == (404, "model",
+                                                                     "model_not_found")
+    chat = protocol.parse_chat({"messages": [{"role": "user", "content": "Hi"}],
+                                "max_completion_tokens": 9000}, STUB_MODEL)
+    e = chat.error("max_tokens: 9000 plus a 5-token prompt exceeds the limit of 4096 tokens")
+    assert e.param == "max_completion_tokens" and e.message.startswith("max_completion_tokens:")
+    assert chat.error("prompt: 5000 tokens does not fit").param == "messages"
+    assert chat.error("something else").param is None
+    assert error_body(e) == {"error": {"message": e.message, "type": "invalid_request_error",
+                                       "param": "max_completion_tokens", "code": None}}
+
+
+def test_a_default_max_tokens_is_cut_to_the_context_an_explicit_one_is_not():
+    chat = protocol.parse_chat({"messages": [{"role": "user", "content": "Hi"}]}, STUB_MODEL)
+    assert protocol.fit_default_max_tokens(chat, 4000, 4096).params.max_tokens == 96
+    assert protocol.fit_default_max_tokens(chat, 10, 4096) is chat
+    explicit = protocol.parse_completion({"prompt": "Hi", "max_tokens": 500}, STUB_MODEL)
+    assert protocol.fit_default_max_tokens(explicit, 4000, 4096) is explicit
+
+
+def test_reply_objects_have_openais_shape():
+    chat, cmpl = protocol.Reply.new(True, "m"), protocol.Reply.new(False, "m")
+    assert chat.id.startswith("chatcmpl-") and cmpl.id.startswith("cmpl-")
+    usage = protocol.usage(10, 3, 8)
+    assert usage == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                     "prompt_tokens_details": {"cached_tokens": 8}}
+    whole = chat.whole("Paris.", "stop", usage)
+    assert whole["object"] == "chat.completion" and whole["usage"] == usage
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Paris."}
+    assert cmpl.whole("x", "length", usage)["choices"][0]["text"] == "x"
+    first = chat.chunk("", role=True)["choices"][0]
+    assert first["delta"] == {"role": "assistant", "content": ""}
+    last = chat.chunk(None, "stop")
+    assert last["object"] == "chat.completion.chunk"
+    assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                  "finish_reason": "stop"}
+    assert cmpl.chunk("hi")["object"] == "text_completion"
+    assert cmpl.usage_chunk(usage)["choices"] == []
+    assert protocol.sse({"a": 1}) == 'data: {"a":1}\n\n'
+    assert protocol.sse_error(APIError(500, "boom")).startswith("event: error\ndata: {")
+
+
+def test_serve_flags_become_the_engine_config():
+    args = build_parser().parse_args(
+        ["--port", "9000", "--block-size", "32", "--num-kv-blocks", "100",
+         "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--no-prefix-caching",
+         "--dtype", "bfloat16", "--device", "cpu"])
+    cfg = engine_config(args)
+    assert (args.host, args.port, args.max_waiting) == ("127.0.0.1", 9000, 256)
+    assert (cfg.block_size, cfg.num_kv_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+            cfg.enable_prefix_caching, cfg.dtype, cfg.device) == (
+        32, 100, 8, 256, False, "bfloat16", "cpu")
+    from batchlens.cli import COMMANDS
+
+    assert COMMANDS["serve"][0] == "server.cli"
+
+
+# ---- a server over a stand-in engine: everything refused before generation -----------
+@pytest.mark.parametrize(("kind", "extra", "status", "param"), [
+    ("completions", {"temperature": -1}, 400, "temperature"),
+    ("completions", {"top_p": 2}, 400, "top_p"),
+    ("completions", {"max_tokens": 0}, 400, "max_tokens"),
+    ("chat", {"max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("completions", {"prompt": ""}, 400, "prompt"),
+    ("chat", {"messages": []}, 400, "messages"),
+    ("completions", {"temperature": "hot"}, 400, "temperature"),
+    ("chat", {"stop": {"a": 1}}, 400, "stop"),
+    ("completions", {"n": 2}, 400, "n"),
+    ("chat", {"n": 2}, 400, "n"),
+    ("completions", {"model": "gpt-4"}, 404, "model"),
+    ("chat", {"model": "gpt-4"}, 404, "model"),
+])
+def test_the_client_sees_the_status_and_param(stub_client, kind, extra, status, param):
+    with pytest.raises(openai.APIStatusError) as err:
+        if kind == "chat":
+            stub_client.chat.completions.create(
+                model=STUB_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                extra_body=extra)
+        else:
+            stub_client.completions.create(model=STUB_MODEL, prompt="Hi", max_tokens=4,
+                                           extra_body=extra)
+    e = err.value
+    assert (e.status_code, e.param) == (status, param)
+    assert e.type == "invalid_request_error" and e.message
+
+
+def test_malformed_json_and_a_non_object_body_are_400_without_param(stub_url):
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        r = httpx.post(stub_url + path, content=b'{"prompt": "Hi", ',
+                       headers={"Content-Type": "application/json"}, timeout=10)
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert err["param"] is None and "malformed JSON" in err["message"]
+        assert set(err) == {"message", "type", "param", "code"}
+        r = httpx.post(stub_url + path, json=["Hi"], timeout=10)
+        assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+
+
+def test_models_and_health_over_a_stub(stub, stub_url, stub_client):
+    models = stub_client.models.list()
+    assert [m.id for m in models.data] == [STUB_MODEL]
+    raw = httpx.get(stub_url + "/v1/models", timeout=10).json()
+    assert raw["object"] == "list"
+    assert raw["data"][0] | {"created": 0} == {
+        "id": STUB_MODEL, "object": "model", "created": 0, "owned_by": "batchlens",
+        "root": STUB_MODEL, "parent": None, "max_model_len": 2048}
+    assert httpx.get(stub_url + "/health", timeout=10).status_code == 200
+    stub.alive = False
+    try:
+        assert httpx.get(stub_url + "/health", timeout=10).status_code == 503
+    finally:
+        stub.alive = True
+    assert httpx.get(stub_url + "/metrics", timeout=10).status_code == 404
+
+
+def test_no_engine_is_503():
+    def no_engine():
+        raise RuntimeError("still loading")
+
+    with serving(api_routes(no_engine, model_name=STUB_MODEL)) as url:
+        assert httpx.get(url + "/health", timeout=10).status_code == 503
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Hi"}, timeout=10)
+        assert r.status_code == 503 and "still loading" in r.json()["error"]["message"]
+
+
+def test_an_api_key_guards_every_v1_route_but_not_health_or_metrics(stub):
+    class Metrics:
+        def render(self) -> tuple[bytes, str]:
+            return b"batchlens:num_requests_running 0.0\n", "text/plain; version=0.0.4"
+
+    routes = api_routes(lambda: stub, model_name=STUB_MODEL, api_key=KEY, metrics=Metrics())
+    with serving(routes) as url:
+        for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
+                             ("POST", "/v1/chat/completions")]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+                r = httpx.request(method, url + path, headers=headers, json={}, timeout=10)
+                assert r.status_code == 401, (path, headers)
+                assert r.json()["error"]["type"] == "authentication_error"
+        with client_for(url, "wrong") as wrong, pytest.raises(openai.AuthenticationError):
+            wrong.completions.create(model=STUB_MODEL, prompt="Hi", max_tokens=2)
+        with client_for(url, KEY) as right:
+            assert right.models.list().data[0].id == STUB_MODEL
+            with pytest.raises(openai.BadRequestError):  # past the key, into validation
+                right.completions.create(model=STUB_MODEL, prompt="Hi", max_tokens=0)
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        r = httpx.get(url + "/metrics", timeout=10)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        assert r.text.startswith("batchlens:num_requests_running")
+
+
+# ---- a real engine -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def api_engine(loaded):
+    """A small engine: 256 blocks of 16 tokens, so the limit is the 4096-token pool."""
+    with Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256),
+                loaded=loaded) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def name(api_engine) -> str:
+    return api_engine.loaded.name
+
+
+@pytest.fixture(scope="module")
+def url(api_engine, name):
+    with serving(api_routes(lambda: api_engine, model_name=name)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    with client_for(url) as c:
+        yield c
+
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.mark.model
+def test_models_reports_the_engines_context(client, url, name, api_engine):
+    assert client.models.list().data[0].id == name
+    data = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
+    assert (data["root"], data["max_model_len"]) == (name, api_engine.max_model_len)
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.model
+def test_greedy_text_over_the_api_equals_engine_generate(client, name, api_engine):
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    prompt = "The three primary colors are"
+    ref = api_engine.generate([prompt], greedy)[0]
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=16, temperature=0)
+    assert got.choices[0].text == ref.text
+    assert got.choices[0].finish_reason == ref.finish_reason
+    assert got.usage.completion_tokens == len(ref.token_ids)
+    assert got.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert got.id.startswith("cmpl-") and got.object == "text_completion" and got.model == name
+    ref = api_engine.generate([CHAT], greedy)[0]
+    chat = client.chat.completions.create(model=name, messages=CHAT, max_tokens=16,
+                                          temperature=0)
+    assert chat.choices[0].message.content == ref.text
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+
+
+@pytest.mark.model
+def test_chat_streams_the_same_text_with_a_final_usage_chunk(client, name):
+    whole = client.chat.completions.create(model=name, messages=CHAT, max_tokens=12,
+                                           temperature=0)
+    chunks = list(client.chat.completions.create(
+        model=name, messages=CHAT, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == whole.choices[0].finish_reason and not any(reasons[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+@pytest.mark.model
+def test_completions_stream_as_server_sent_events(url, name):
+    body = {"model": name, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=TIMEOUT_S) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: {") for e in events[:-2])
+    assert "usage" not in chunks[-1]  # not asked for
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks)
+
+
+@pytest.mark.model
+def test_the_same_long_prompt_twice_reports_cached_tokens(client, name):
+    prompt = f"Note {uuid.uuid4().hex}: " + " ".join(f"item {i}," for i in range(60))
+    first = client.completions.create(model=name, prompt=prompt, max_tokens=2, temperature=0)
+    second = client.completions.create(model=name, prompt=prompt, max_tokens=2, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    usage = [c.usage for c in second if c.usage][0]
+    n = first.usage.prompt_tokens
+    assert n > 64 and usage.prompt_tokens == n
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < n and cached % 16 == 0
+
+
+@pytest.mark.model
+def test_stop_strings_cut_the_text(client, name):
+    prompt = "Here is a list of fruits: apple, banana,"
+    base = client.completions.create(model=name, prompt=prompt, max_tokens=24,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    text = base.choices[0].text
+    words = [w.strip(",.") for w in text.split()]
+    stop = next(w for w in words if len(w) >= 3 and text.index(w) >= 3)
+    expected = text[:text.index(stop)]
+    cut = client.completions.create(model=name, prompt=prompt, max_tokens=24, temperature=0,
+                                     stop=[stop, "@@@"], extra_body={"ignore_eos": True})
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == (expected, "stop")
+    streamed = client.completions.create(model=name, prompt=prompt, max_tokens=24,
+                                          temperature=0, stop=stop, stream=True,
+                                          extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
+
+
+@pytest.mark.model
+def test_a_seed_makes_sampling_reproducible(client, name):
+    def sample(seed: int) -> str:
+        out = client.completions.create(model=name, prompt="Once upon a time", max_tokens=10,
+                                        temperature=1.0, seed=seed)
+        return out.choices[0].text
+
+    first = sample(7)
+    assert sample(7) == first
+    assert len({first} | {sample(s) for s in (1, 2, 3)}) >= 2
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(("kind", "extra", "param"), [
+    ("completions", {"max_tokens": 5000}, "max_tokens"),
+    ("chat", {"max_completion_tokens": 5000}, "max_completion_tokens"),
+    ("completions", {"prompt": [1] * 5000}, "prompt"),
+    ("chat", {"messages": [{"role": "user", "content": "hi " * 5000}]}, "messages"),
+    ("completions", {"prompt": [10**7]}, "prompt"),
+])
+def test_over_the_context_is_400_naming_the_param(client, name, kind, extra, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        if kind == "chat":
+            client.chat.completions.create(model=name, messages=CHAT, extra_body=extra)
+        else:
+            client.completions.create(model=name, prompt="Hi", extra_body=extra)
+    assert err.value.param == param
+
+
+@pytest.mark.model
+def test_a_disconnected_stream_is_cancelled_and_frees_its_blocks(client, name, api_engine):
+    stream = client.completions.create(model=name, prompt="Tell me a long story about a dragon.",
+                                       max_tokens=400, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    seen = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            seen.append(chunk)
+        if len(seen) == 3:
+            break
+    rid = seen[0].id
+    assert rid in api_engine.stats(steps_after=None).running_ids
+    stream.close()
+    wait_for(lambda: quiet(api_engine), timeout=2.0,
+             message="the request was not cancelled or its blocks not freed within 2 s")
+    assert rid not in api_engine.stats(steps_after=None).running_ids
+
+
+@pytest.mark.model
+def test_a_non_streaming_client_that_leaves_is_cancelled(url, name, api_engine):
+    body = {"model": name, "prompt": "Tell me a long story.", "max_tokens": 400,
+            "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/completions", json=body, timeout=1.0)
+    wait_for(lambda: quiet(api_engine), timeout=3.0, message="the request was not cancelled")
+
+
+@pytest.mark.model
+def test_a_full_queue_answers_429(loaded, name):
+    body = {"model": name, "prompt": "Count to a thousand:", "max_tokens": 300,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    with Engine(EngineConfig(num_kv_blocks=64, max_num_seqs=1), loaded=loaded) as eng, \
+            serving(api_routes(lambda: eng, model_name=name, max_waiting=1)) as url, \
+            httpx.Client(base_url=url, timeout=TIMEOUT_S) as http:
+        with http.stream("POST", "/v1/completions", json=body) as running:
+            assert running.status_code == 200
+            wait_for(lambda: eng.stats(steps_after=None).num_running == 1, timeout=10)
+            with http.stream("POST", "/v1/completions", json=body) as waiting:
+                assert waiting.status_code == 200
+                wait_for(lambda: eng.stats(steps_after=None).num_waiting == 1, timeout=10)
+                with client_for(url) as c, pytest.raises(openai.RateLimitError) as err:
+                    c.completions.create(model=name, prompt="Hi", max_tokens=2)
+                assert err.value.status_code == 429 and "queue is full" in err.value.message
+        wait_for(lambda: quiet(eng), timeout=5, message="the streams were not cancelled")
+
+
+class FailingRunner:
+    """The engine's model runner, failing every step after the first `ok_steps`."""
+
+    def __init__(self, runner, ok_steps: int) -> None:
+        self.runner, self.ok_steps, self.calls = runner, ok_steps, 0
+
+    def execute(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls > self.ok_steps:
+            raise RuntimeError("injected failure")
+        return self.runner.execute(*args, **kwargs)
+
+
+@pytest.mark.model
+def test_an_engine_error_after_the_stream_began_is_an_error_event(loaded, name):
+    body = {"model": name, "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with Engine(EngineConfig(num_kv_blocks=64), loaded=loaded) as eng, \
+            serving(api_routes(lambda: eng, model_name=name)) as url:
+        failing = eng.core.runner = FailingRunner(eng.core.runner, ok_steps=3)
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=TIMEOUT_S) as r:
+            events = r.read().decode().split("\n\n")
+        assert events[-2:] == ["data: [DONE]", ""]
+        error_event = events[-3]
+        assert error_event.startswith("event: error\ndata: ")
+        err = json.loads(error_event.split("data: ", 1)[1])["error"]
+        assert err["type"] == "server_error" and "injected failure" in err["message"]
+        assert any(json.loads(e[6:])["choices"][0]["text"] for e in events[:-3])
+
+        failing.calls = 0
+        with client_for(url) as c:
+            with pytest.raises(openai.APIError, match="injected failure"):
+                for _ in c.completions.create(model=name, prompt="Once upon a time",
+                                              max_tokens=20, stream=True,
+                                              extra_body={"ignore_eos": True}):
+                    pass
+            failing.calls = 0
+            with pytest.raises(openai.InternalServerError, match="injected failure"):
+                c.completions.create(model=name, prompt="Hi", max_tokens=20,
+                                     extra_body={"ignore_eos": True})
+        eng.shutdown()
+        assert httpx.get(url + "/health", timeout=10).status_code == 503
+

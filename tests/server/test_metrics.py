@@ -1,0 +1,286 @@
+"""The /metrics exporter: vLLM's names under `batchlens:`, gauges read from the engine's
+stats at scrape time, counters and histograms fed by the finish listener.
+
+The unit tests drive a stand-in engine with hand-made outputs (no model); the last test
+runs the real engine on the bundled model."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+from polling import wait_for
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import Engine, EngineConfig, RequestMetrics, RequestOutput, SamplingParams
+from engine.kv_cache import KVCacheStats
+from engine.serving import ALL_STEPS, ServingStats
+from server.metrics import (
+    ITL_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    ServerMetrics,
+)
+
+P = "batchlens:"
+MODEL = "stand-in/model"
+
+
+def serving_stats(running: int = 0, waiting: int = 0, used_blocks: int = 0,
+                  num_blocks: int = 64) -> ServingStats:
+    kv = KVCacheStats(num_blocks=num_blocks, block_size=16, used_blocks=used_blocks,
+                      cached_blocks=0, free_blocks=num_blocks - used_blocks,
+                      used_slots=used_blocks * 16, reserved_slots=used_blocks * 16,
+                      prefix_queries=0, prefix_hits=0)
+    return ServingStats(model=MODEL, device="cpu", dtype="float32", dtype_reason="",
+                        num_running=running, num_waiting=waiting, running_ids=(),
+                        waiting_ids=(), num_finished=0, num_output_tokens=0,
+                        kv_bytes_per_token=1, kv_reserved_bytes=0, kv_used_bytes=0, kv=kv)
+
+
+class StandInEngine:
+    """A stand-in for `Engine`: `stats()` returns the `ServingStats` a test sets,
+    `finish(output)` calls the finish listeners as the engine thread would."""
+
+    def __init__(self, name: str = MODEL, stats: ServingStats | None = None) -> None:
+        self.loaded = SimpleNamespace(name=name)
+        self.current = stats or serving_stats()
+        self.listeners: list = []
+        self.stats_calls: list = []
+
+    def stats(self, steps_after: float | None = ALL_STEPS) -> ServingStats:
+        self.stats_calls.append(steps_after)
+        return self.current
+
+    def add_finish_listener(self, listener) -> None:
+        self.listeners.append(listener)
+
+    def finish(self, *outputs: RequestOutput) -> None:
+        for out in outputs:
+            for listener in self.listeners:
+                listener(out)
+
+
+def output(reason: str = "stop", prompt: int = 10, tokens: int = 4, arrival: float = 100.0,
+           queue: float | None = 0.5, ttft: float = 1.0, gap: float = 0.05, cached: int = 0,
+           preemptions: int = 0) -> RequestOutput:
+    """A finished request: `tokens` tokens, the first `ttft` s after arrival, then one
+    every `gap` s; scheduled `queue` s after arrival (None: never scheduled)."""
+    times = [arrival + ttft + i * gap for i in range(tokens)]
+    m = RequestMetrics(arrival_time=arrival,
+                       first_scheduled_time=None if queue is None else arrival + queue,
+                       token_times=times,
+                       finish_time=(times[-1] if times else arrival + ttft) + 0.001)
+    return RequestOutput(request_id=f"r{id(m)}", prompt_token_ids=list(range(prompt)),
+                         token_ids=list(range(tokens)), text="x" * tokens, finish_reason=reason,
+                         metrics=m, num_cached_tokens=cached, num_preemptions=preemptions)
+
+
+def scrape(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
+    """Every sample of `render()`, parsed by prometheus_client: (name, labels) -> value."""
+    body, content_type = metrics.render()
+    assert content_type == CONTENT_TYPE_LATEST
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, model: str = MODEL, **labels: str) -> float:
+    key = (P + name, tuple(sorted({"model_name": model, **labels}.items())))
+    assert key in samples, f"no sample {key}"
+    return samples[key]
+
+
+def buckets(samples: dict, name: str, model: str = MODEL) -> list[float]:
+    """The finite `le` bounds of a histogram's buckets, in order."""
+    bounds = [float(dict(labels)["le"]) for (n, labels), _ in samples.items()
+              if n == P + name + "_bucket" and dict(labels)["model_name"] == model]
+    return sorted(b for b in bounds if not math.isinf(b))
+
+
+@pytest.fixture
+def engine() -> StandInEngine:
+    return StandInEngine(stats=serving_stats(running=3, waiting=5, used_blocks=16))
+
+
+@pytest.fixture
+def metrics(engine: StandInEngine) -> ServerMetrics:
+    m = ServerMetrics(lambda: engine)
+    m.watch(engine)
+    return m
+
+
+def test_gauges_are_the_current_engines_stats_at_scrape_time(engine, metrics):
+    s = scrape(metrics)
+    assert value(s, "num_requests_running") == 3
+    assert value(s, "num_requests_waiting") == 5
+    assert value(s, "kv_cache_usage_perc") == 0.25
+    assert engine.stats_calls == [None]  # counts only, no step records copied
+    engine.current = serving_stats(running=1, waiting=0, used_blocks=64)
+    s = scrape(metrics)
+    assert (value(s, "num_requests_running"), value(s, "num_requests_waiting"),
+            value(s, "kv_cache_usage_perc")) == (1, 0, 1.0)
+
+
+def test_series_exist_at_zero_once_an_engine_is_watched(metrics):
+    s = scrape(metrics)
+    for name in ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total",
+                 "time_to_first_token_seconds_count", "e2e_request_latency_seconds_sum"):
+        assert value(s, name) == 0
+    for reason in ("stop", "length", "abort", "error"):
+        assert value(s, "request_success_total", finished_reason=reason) == 0
+
+
+def test_counters_are_the_sums_of_the_finished_requests(engine, metrics):
+    outs = [output("stop", prompt=10, tokens=4, cached=0),
+            output("stop", prompt=20, tokens=7, cached=16, preemptions=2),
+            output("length", prompt=5, tokens=9, cached=0),
+            output("cancelled", prompt=8, tokens=2, cached=0, preemptions=1),
+            output("error", prompt=6, tokens=0)]
+    engine.finish(*outs)
+    s = scrape(metrics)
+    assert value(s, "generation_tokens_total") == sum(len(o.token_ids) for o in outs) == 22
+    assert value(s, "prompt_tokens_total") == 49
+    assert value(s, "prefix_cache_queries_total") == 49
+    assert value(s, "prefix_cache_hits_total") == 16
+    assert value(s, "num_preemptions_total") == 3
+    reasons = {r: value(s, "request_success_total", finished_reason=r)
+               for r in ("stop", "length", "abort", "error")}
+    assert reasons == {"stop": 2, "length": 1, "abort": 1, "error": 1}
+    assert not [k for k in s if dict(k[1]).get("finished_reason") == "cancelled"]
+
+
+def test_a_request_never_scheduled_counts_no_prompt_and_hits_never_exceed_the_prompt(
+        engine, metrics):
+    never_scheduled = output("cancelled", prompt=30, tokens=0, queue=None)
+    readmitted = output("stop", prompt=12, tokens=3, cached=32)  # hit prompt + outputs
+    engine.finish(never_scheduled, readmitted)
+    s = scrape(metrics)
+    assert value(s, "prompt_tokens_total") == 12
+    assert value(s, "prefix_cache_queries_total") == 12
+    assert value(s, "prefix_cache_hits_total") == 12
+    assert value(s, "request_queue_time_seconds_count") == 1
+    assert value(s, "request_success_total", finished_reason="abort") == 1
+
+
+def test_histograms_count_and_sum_each_request_and_each_token_gap(engine, metrics):
+    a = output(tokens=4, queue=0.5, ttft=1.0, gap=0.05)
+    b = output(tokens=1, queue=2.0, ttft=3.0)
+    c = output("cancelled", tokens=0, queue=None, ttft=0.2)  # cancelled while waiting
+    engine.finish(a, b, c)
+    s = scrape(metrics)
+    assert value(s, "time_to_first_token_seconds_count") == 2
+    assert value(s, "time_to_first_token_seconds_sum") == pytest.approx(4.0)
+    assert value(s, "inter_token_latency_seconds_count") == 3
+    assert value(s, "inter_token_latency_seconds_sum") == pytest.approx(0.15)
+    assert value(s, "e2e_request_latency_seconds_count") == 3  # every request that ended
+    assert value(s, "e2e_request_latency_seconds_sum") == pytest.approx(
+        a.metrics.e2e + b.metrics.e2e + 0.201)
+    assert value(s, "request_queue_time_seconds_count") == 2
+    assert value(s, "request_queue_time_seconds_sum") == pytest.approx(2.5)
+    # cumulative buckets: TTFT 1.0 and 3.0 -> le=1.0 holds one, le=5.0 both
+    assert value(s, "time_to_first_token_seconds_bucket", le="1.0") == 1
+    assert value(s, "time_to_first_token_seconds_bucket", le="5.0") == 2
+    assert value(s, "inter_token_latency_seconds_bucket", le="0.025") == 0
+    assert value(s, "inter_token_latency_seconds_bucket", le="0.075") == 3
+
+
+def test_histograms_use_vllms_bucket_lists(metrics):
+    s = scrape(metrics)
+    assert buckets(s, "time_to_first_token_seconds") == list(TTFT_BUCKETS)
+    assert buckets(s, "inter_token_latency_seconds") == list(ITL_BUCKETS)
+    assert buckets(s, "e2e_request_latency_seconds") == list(REQUEST_LATENCY_BUCKETS)
+    assert buckets(s, "request_queue_time_seconds") == list(REQUEST_LATENCY_BUCKETS)
+    assert (len(TTFT_BUCKETS), TTFT_BUCKETS[0], TTFT_BUCKETS[-1]) == (22, 0.001, 2560.0)
+    assert (len(ITL_BUCKETS), ITL_BUCKETS[0], ITL_BUCKETS[-1]) == (19, 0.01, 80.0)
+    assert (len(REQUEST_LATENCY_BUCKETS), REQUEST_LATENCY_BUCKETS[0],
+            REQUEST_LATENCY_BUCKETS[-1]) == (21, 0.3, 7680.0)
+
+
+def test_totals_survive_a_rebuild_and_an_engine_is_counted_once(engine, metrics):
+    metrics.watch(engine)  # watched twice: still one listener
+    assert len(engine.listeners) == 1
+    engine.finish(output(tokens=4))
+    rebuilt = StandInEngine(stats=serving_stats(running=2))
+    current = [rebuilt]
+    metrics.get_engine = lambda: current[0]
+    metrics.watch(rebuilt)
+    rebuilt.finish(output(tokens=6))
+    engine.finish(output(tokens=1))  # the old engine draining still counts
+    s = scrape(metrics)
+    assert value(s, "generation_tokens_total") == 11
+    assert value(s, "request_success_total", finished_reason="stop") == 3
+    assert value(s, "num_requests_running") == 2
+
+
+def test_model_name_labels_every_series(engine):
+    m = ServerMetrics(lambda: engine, model_name="served-name")
+    m.watch(engine)
+    engine.finish(output(tokens=3))
+    s = scrape(m)
+    assert value(s, "generation_tokens_total", model="served-name") == 3
+    assert value(s, "num_requests_running", model="served-name") == 3
+    assert not [k for k in s if dict(k[1]).get("model_name") == MODEL]
+
+
+def test_each_instance_has_its_own_registry(engine, metrics):
+    other = ServerMetrics(lambda: engine)  # same names: no "duplicated timeseries" error
+    other.watch(engine)
+    engine.finish(output(tokens=5))
+    assert value(scrape(metrics), "generation_tokens_total") == 5
+    assert value(scrape(other), "generation_tokens_total") == 5
+    assert other.registry is not metrics.registry
+
+
+def test_the_listener_never_raises(engine, metrics):
+    broken = output(tokens=2)
+    broken.metrics = None  # type: ignore[assignment]
+    engine.finish(broken)  # no exception reaches the engine thread
+    engine.finish(output(tokens=2))
+    assert value(scrape(metrics), "generation_tokens_total") >= 2
+
+
+def test_no_engine_yet_gives_gauges_without_samples():
+    def no_engine():
+        raise RuntimeError("the model is still loading")
+
+    s = scrape(ServerMetrics(no_engine))
+    assert not [k for k in s if k[0] == P + "num_requests_running"]
+
+
+@pytest.mark.model
+def test_real_engine_counts_exactly_the_tokens_received(loaded):
+    engine = Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64),
+                    loaded=loaded)
+    try:
+        metrics = ServerMetrics(lambda: engine)
+        metrics.watch(engine)
+        name = loaded.name
+        before = value(scrape(metrics), "generation_tokens_total", model=name)
+        outs = engine.generate(["Hello", "What is 2 + 2?", "Name a colour."],
+                               [SamplingParams(max_tokens=n) for n in (3, 8, 5)])
+        received = sum(len(o.token_ids) for o in outs)
+        assert received > 0
+
+        def counted() -> float:  # the listener runs just after each result is handed out
+            s = scrape(metrics)
+            return sum(value(s, "request_success_total", model=name, finished_reason=r)
+                       for r in ("stop", "length"))
+
+        wait_for(lambda: counted() == len(outs), timeout=10)
+        s = scrape(metrics)
+        stats = engine.stats()
+        assert value(s, "generation_tokens_total", model=name) - before == received
+        assert value(s, "prompt_tokens_total", model=name) == sum(
+            len(o.prompt_token_ids) for o in outs)
+        assert value(s, "time_to_first_token_seconds_count", model=name) == len(outs)
+        assert value(s, "num_requests_running", model=name) == stats.num_running == 0
+        assert value(s, "num_requests_waiting", model=name) == stats.num_waiting == 0
+        assert value(s, "kv_cache_usage_perc", model=name) == stats.kv.usage
+    finally:
+        engine.shutdown()
