@@ -25,7 +25,6 @@ from server.metrics import ServerMetrics
 from server.routes import api_routes
 from ui import shared
 
-
 # The API's threads reach the shared engine through st.cache_resource outside any script
 # run; Streamlit warns about that on every call ("missing ScriptRunContext"), which is all
 # that logger says. Those threads are not script runs by design.

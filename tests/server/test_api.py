@@ -23,12 +23,14 @@ import openai
 import pytest
 import uvicorn
 from polling import wait_for
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from engine import Engine, EngineConfig, SamplingParams
 from server import protocol
 from server.cli import build_parser, engine_config
 from server.errors import APIError, error_body
+from server.metrics import ServerMetrics
 from server.routes import api_routes
 
 STUB_MODEL = "stub-model"
@@ -323,8 +325,18 @@ def name(api_engine) -> str:
 
 @pytest.fixture(scope="module")
 def url(api_engine, name):
-    with serving(api_routes(lambda: api_engine, model_name=name)) as base:
+    metrics = ServerMetrics(lambda: api_engine)
+    metrics.watch(api_engine)
+    with serving(api_routes(lambda: api_engine, model_name=name, metrics=metrics)) as base:
         yield base
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """GET /metrics, parsed by prometheus_client: (sample name, labels but the model's) ->
+    value."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {(s.name, frozenset((k, v) for k, v in s.labels.items() if k != "model_name")):
+            s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 @pytest.fixture(scope="module")
@@ -552,3 +564,25 @@ def test_an_engine_error_after_the_stream_began_is_an_error_event(loaded, name):
         eng.shutdown()
         assert httpx.get(url + "/health", timeout=10).status_code == 503
 
+
+
+@pytest.mark.model
+def test_metrics_scraped_over_http_match_the_engine(client, url, name, api_engine):
+    """Prometheus text from /metrics: the gauges equal the engine's stats at a quiet moment,
+    and generation_tokens_total grows by exactly the tokens the requests received."""
+    gen = ("batchlens:generation_tokens_total", frozenset())
+    wait_for(lambda: quiet(api_engine), 30, "the engine did not go quiet")
+    before = scrape(url)[gen]
+    outs = [client.completions.create(model=name, prompt=f"Count to {i + 3}:",
+                                      max_tokens=4 + i, temperature=0) for i in range(3)]
+    received = sum(o.usage.completion_tokens for o in outs)
+    assert received > 0
+    # the exporter hears of a request just after its answer is handed over
+    wait_for(lambda: scrape(url)[gen] - before == received, 5,
+             "generation_tokens_total did not grow by the tokens received")
+    wait_for(lambda: quiet(api_engine), 30, "the engine did not go quiet")
+    got, stats = scrape(url), api_engine.stats(steps_after=None)
+    assert got[("batchlens:num_requests_running", frozenset())] == stats.num_running
+    assert got[("batchlens:num_requests_waiting", frozenset())] == stats.num_waiting
+    assert got[("batchlens:kv_cache_usage_perc", frozenset())] == pytest.approx(stats.kv.usage)
+    assert got[gen] - before == received  # nothing more arrived afterwards
