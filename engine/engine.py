@@ -22,7 +22,7 @@ from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
-from engine.serving import ALL_STEPS, ServingBase, ServingStats
+from engine.serving import ALL_STEPS, ServingBase, ServingStats, check_fit
 
 DEFAULT_CPU_KV_GB = 1.0
 DEFAULT_GPU_KV_FRACTION = 0.4
@@ -147,21 +147,9 @@ class Engine(ServingBase):
         self._inbox.append(request)
 
     def _check_fits(self, token_ids: list[int], p: SamplingParams) -> None:
-        n = len(token_ids)
-        if n == 0:
-            raise ValueError("prompt must not be empty")
         limit = min(self.max_model_len, self.pool_tokens)
-        if n >= limit:
-            which = "model context" if self.max_model_len <= self.pool_tokens else "KV pool"
-            raise ValueError(
-                f"prompt: {n} tokens does not fit the {which} of {limit} tokens "
-                f"(allowed: 1 to {limit - 1} tokens)"
-            )
-        if n + p.max_tokens > limit:
-            raise ValueError(
-                f"max_tokens: {p.max_tokens} plus a {n}-token prompt exceeds the limit of "
-                f"{limit} tokens (allowed: 1 to {limit - n})"
-            )
+        where = "model context" if self.max_model_len <= self.pool_tokens else "KV pool"
+        check_fit(len(token_ids), p.max_tokens, limit, where)
 
     # ---- the step loop -------------------------------------------------------------
     def _loop(self) -> None:

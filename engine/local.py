@@ -26,7 +26,7 @@ from engine.core import Request
 from engine.models.loaded import LoadedModel
 from engine.runner import ModelRunner
 from engine.sequence import Status
-from engine.serving import ALL_STEPS, ServingBase, ServingStats
+from engine.serving import ALL_STEPS, ServingBase, ServingStats, check_fit
 from engine.stopping import append_token, make_output
 
 DEFAULT_N_CTX = 2048  # the local PC's context window, reserved whole per request
@@ -105,10 +105,7 @@ class LocalPC(ServingBase):
 
     # ---- internals -----------------------------------------------------------------
     def _check_fits(self, token_ids: list[int], p: SamplingParams) -> None:
-        if len(token_ids) + p.max_tokens > self.n_ctx:
-            raise ValueError(
-                f"n_ctx: a {len(token_ids)}-token prompt plus max_tokens {p.max_tokens} "
-                f"does not fit the local context window of {self.n_ctx} tokens")
+        check_fit(len(token_ids), p.max_tokens, self.n_ctx, "context window (n_ctx)")
 
     def _enqueue(self, request: Request) -> None:
         self._queue.append(request)

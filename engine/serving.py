@@ -40,6 +40,19 @@ GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005")
 ALL_STEPS = float("-inf")
 
 
+def check_fit(n: int, max_tokens: int, limit: int, where: str) -> None:
+    """Raise `ValueError` naming the field and the allowed range when a prompt of `n`
+    tokens plus `max_tokens` does not fit `limit` tokens (`where`: "KV pool", ...)."""
+    if n == 0:
+        raise ValueError("prompt must not be empty")
+    if n >= limit:
+        raise ValueError(f"prompt: {n} tokens does not fit the {where} of {limit} tokens "
+                         f"(allowed: 1 to {limit - 1} tokens)")
+    if n + max_tokens > limit:
+        raise ValueError(f"max_tokens: {max_tokens} plus a {n}-token prompt exceeds the "
+                         f"{where} of {limit} tokens (allowed: 1 to {limit - n})")
+
+
 @dataclass(frozen=True)
 class ServingStats:
     """A consistent snapshot of a serving side, safe to read from any thread. KV figures
@@ -79,6 +92,11 @@ class ServingSide(Protocol):
                     request_ids: Seq[str | None] | None = None) -> list[RequestHandle]: ...
 
     def cancel(self, request_id: str) -> None: ...
+
+    def check(self, prompt: Prompt, params: SamplingParams) -> list[int] | None:
+        """The prompt's token ids if this side can serve it with `params` (None: it cannot
+        tell before sending, as a remote server); `ValueError` naming the limit if not."""
+        ...
 
     def stats(self, steps_after: float | None = ALL_STEPS) -> ServingStats: ...
 
@@ -133,14 +151,20 @@ class ServingBase:
     def shutdown(self) -> None:
         raise NotImplementedError
 
+    def check(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """The prompt's token ids, if this side can serve it with `params`; else
+        `ValueError` naming the limit."""
+        token_ids = self.loaded.encode(prompt)
+        self._check_fits(token_ids, params)
+        return token_ids
+
     def _submit_many(
         self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
     ) -> list[RequestHandle]:
         """Encode and check every request first, then queue them all at one moment."""
         seqs = []
         for prompt, p, rid in zip(prompts, params, ids, strict=True):
-            token_ids = self.loaded.encode(prompt)
-            self._check_fits(token_ids, p)
+            token_ids = self.check(prompt, p)
             rid = rid or f"{self._id_prefix}-{next(self._ids)}"
             seqs.append(Sequence(rid, token_ids, p, RequestMetrics(arrival_time=0.0)))
         handles = []

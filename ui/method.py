@@ -36,6 +36,23 @@ def _on(stats: ServingStats) -> str:
     return f"{stats.model} on {stats.device}"
 
 
+def _datacenter(dc: ServingStats) -> str:
+    """The datacenter side in words: this process's engine, or a remote server."""
+    if dc.kv is None:  # a remote server: only what it reports
+        return f"{_on(dc)}: a remote OpenAI-compatible server, every request sent at once"
+    return (f"{_on(dc)}, {dc.dtype} ({dc.dtype_reason}); continuous batching, up to "
+            f"{dc.max_num_running} sequences per step, paged KV in blocks of "
+            f"{dc.kv.block_size} tokens")
+
+
+def _local(loc: ServingStats) -> str:
+    """The local side in words: the simulated PC, or a remote server fed one at a time."""
+    if loc.n_ctx is None:
+        return f"{_on(loc)}: a remote OpenAI-compatible server, one request at a time"
+    return (f"{_on(loc)}, one user at a time (batch 1), FIFO queue, contiguous KV reserved "
+            f"for n_ctx={loc.n_ctx} tokens" + (f"; {loc.emulated}" if loc.emulated else ""))
+
+
 def race_setup(race: Race) -> dict[str, str]:
     """How this race is measured."""
     dc, loc, p = race.engine.stats(), race.local.stats(), race.params
@@ -43,12 +60,8 @@ def race_setup(race: Race) -> dict[str, str]:
         "order": _order(race.order),
         "timeline": "each side's t=0 is its own first request; all users arrive at t=0",
         "threads": _threads(race.num_threads),
-        "datacenter": f"{_on(dc)}, {dc.dtype} ({dc.dtype_reason}); continuous batching, up "
-                      f"to {race.engine.config.max_num_seqs} sequences per step, paged KV in "
-                      f"blocks of {race.engine.kv.block_size} tokens",
-        "local PC": f"{_on(loc)}, one user at a time (batch 1), FIFO queue, contiguous KV "
-                    f"reserved for n_ctx={loc.n_ctx} tokens"
-                    + (f"; {loc.emulated}" if loc.emulated else ""),
+        "datacenter": _datacenter(dc),
+        "local PC": _local(loc),
         "sampling": f"max_tokens={p.max_tokens}, temperature={p.temperature}, per-user seed "
                     "(same tokens on both sides)",
         "shared engine": "other browser sessions' requests share the datacenter engine and "

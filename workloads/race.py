@@ -85,6 +85,7 @@ class RaceSnapshot:
 class _Side:
     name: str
     server: ServingSide
+    prompts: list[Prompt] = field(default_factory=list)  # as sent: token ids or the prompt
     handles: list[RequestHandle] = field(default_factory=list)
     t0: float | None = None
     t_end: float | None = None
@@ -95,26 +96,18 @@ class _Side:
     users_ahead: int | None = None
 
 
-def _fit_error(n: int, max_tokens: int, limit: int, where: str) -> str | None:
-    """A readable message when a prompt of `n` tokens plus `max_tokens` does not fit."""
-    if n >= limit:
-        return (f"prompt: {n} tokens does not fit the {where} of {limit} tokens "
-                f"(allowed: 1 to {limit - 1} tokens)")
-    if n + max_tokens > limit:
-        return (f"max_tokens: {max_tokens} plus a {n}-token prompt exceeds the {where} of "
-                f"{limit} tokens (allowed: 1 to {limit - n})")
-    return None
-
-
 class Race(BackgroundJob):
     """Run `prompts` (one per user, in arrival order) on both sides, one side at a time.
 
-    `you` is the index of the presenter's own request. Prompts are encoded and checked
-    against both sides' limits here, so a bad input raises `ValueError` before anything runs.
+    Either side is any serving side: this process's engine or local PC, or a remote
+    OpenAI-compatible server. `you` is the index of the presenter's own request. Prompts
+    are checked against each side's limits here (a side that can tokenize gets token ids,
+    so both in-process sides run the very same tokens), so a bad input raises `ValueError`
+    naming the side before anything runs.
     """
 
     def __init__(
-        self, engine: Engine, local: LocalPC, prompts: list[Prompt],
+        self, engine: ServingSide, local: ServingSide, prompts: list[Prompt],
         params: SamplingParams, *, you: int = 0, order: tuple[str, ...] = SIDES,
         heartbeat_timeout: float | None = 5.0, interval: float = 0.1,
         close_local: bool = False, connected: Callable[[], bool] | None = None,
@@ -127,31 +120,29 @@ class Race(BackgroundJob):
         super().__init__("race", heartbeat_timeout, connected, (local,) if close_local else ())
         self.engine, self.local, self.params, self.you = engine, local, params, you
         self.order, self.interval = tuple(order), interval
-        self.prompt_ids = self._encode(prompts)
+        self.num_users = len(prompts)
         self.num_threads = torch.get_num_threads()
         self._sides = {"datacenter": _Side("datacenter", engine), "local": _Side("local", local)}
+        for side in self._sides.values():
+            side.prompts = self._checked(side, prompts)
         self._tokens: list[dict[str, Any]] = []
         self._kv: list[dict[str, Any]] = []
         self._batch: list[dict[str, Any]] = []
 
     # ---- set-up ----------------------------------------------------------------------
-    def _encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        loaded, cache = self.engine.loaded, {}
-        dc_limit = min(self.engine.max_model_len, self.engine.pool_tokens)
-        dc_where = ("datacenter model context" if self.engine.max_model_len <= self.engine.pool_tokens
-                    else "datacenter KV pool")
+    def _checked(self, side: _Side, prompts: list[Prompt]) -> list[Prompt]:
+        """What `side` is sent for each prompt: its token ids where it can tokenize, else
+        the prompt itself; `ValueError` naming the side when one does not fit."""
+        cache: dict[str, Prompt] = {}
         out = []
         for prompt in prompts:
             key = repr(prompt)
             if key not in cache:
-                ids = loaded.encode(prompt)
-                n = len(ids)
-                err = (_fit_error(n, self.params.max_tokens, dc_limit, dc_where)
-                       or _fit_error(n, self.params.max_tokens, self.local.n_ctx,
-                                     "local PC's context window (n_ctx)"))
-                if err:
-                    raise ValueError(err)
-                cache[key] = ids
+                try:
+                    ids = side.server.check(prompt, self.params)
+                except ValueError as exc:
+                    raise ValueError(f"{LABELS[side.name]}: {exc}") from None
+                cache[key] = ids if ids is not None else prompt
             out.append(cache[key])
         return out
 
@@ -194,9 +185,9 @@ class Race(BackgroundJob):
         with self._lock:
             self._phase = side.name
             side.t0 = time.monotonic()
-            n = len(self.prompt_ids)
+            n = self.num_users
             side.handles.extend(side.server.submit_many(  # one moment: same batches every run
-                self.prompt_ids, [self._params_for(u) for u in range(n)],
+                side.prompts, [self._params_for(u) for u in range(n)],
                 [f"{self.job_id}-{side.name[:2]}-u{u}" for u in range(n)]))
         if self._stop.is_set():
             self.stop()
@@ -269,7 +260,7 @@ class Race(BackgroundJob):
 
     # ---- views (called with the lock held) ---------------------------------------------
     def _view(self, side: _Side, now: float) -> SideView:
-        n = len(self.prompt_ids)
+        n = self.num_users
         if side.t0 is None:
             return SideView.idle(side.name, n)
         done = side.outputs is not None
