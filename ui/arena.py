@@ -15,7 +15,7 @@ import streamlit as st
 from engine import SamplingParams
 from engine.local import LocalPC
 from measure.hardware import Emulation
-from ui import charts, frames, method, shared
+from ui import charts, endpoints, frames, method, shared
 from ui.job_slot import JobSlot
 from ui.palette import SIDE_NAMES
 from workloads import scenarios
@@ -84,6 +84,7 @@ def controls() -> None:
                  disabled=running)
         st.checkbox("Put me last in line", key="arena_you_last", disabled=running)
         _local_device_choice(running)
+        _side_choices(running)
         st.selectbox("Pace the local PC to", list(EMULATIONS), key="arena_pace",
                      disabled=running, help="Slow the local side down to the roofline "
                      "projection of a bigger model on consumer hardware (measure/hardware.py); "
@@ -102,6 +103,20 @@ def _local_device_choice(running: bool) -> None:
                      "cpu": "CPU (a laptop's reality)", "gpu": "GPU, batch 1"}[d])
     else:
         st.caption("Local PC: this machine's CPU. Datacenter: the same CPU, batching.")
+
+
+def _side_choices(running: bool) -> None:
+    """Which server plays each side, where the admin configured remote endpoints (by name
+    only: no URL can be typed here)."""
+    try:
+        dc, local = endpoints.choices("datacenter"), endpoints.choices("local")
+    except ValueError as exc:
+        st.caption(f"Remote endpoints are misconfigured, so none is offered: {exc}")
+        return
+    if len(dc) > 1:
+        st.selectbox("Datacenter side", dc, key="arena_dc_side", disabled=running)
+    if len(local) > 1:
+        st.selectbox("Local PC side", local, key="arena_local_side", disabled=running)
 
 
 def _use_preset() -> None:
@@ -123,16 +138,28 @@ def _on_run() -> None:
 
 def _race(prompts: list[Chat], params: SamplingParams, you: int,
           emulation: tuple[str, str, str] | None) -> Race:
-    """A race on the shared engine and a local PC of its own, shut down with the race.
-    Raises `ValueError` (nothing left running) on an impossible setting."""
-    loaded = shared.local_model(st.session_state.get("arena_local_device", "cpu"))
-    local = LocalPC(loaded, pacing=Emulation(*emulation) if emulation else None)
+    """A race on the shared engine (or a configured remote datacenter) and a local PC of
+    its own (or a configured remote one), the sides it built shut down with the race.
+    Raises `ValueError` (nothing left running) on an impossible setting or an endpoint
+    that does not answer."""
+    ss, built = st.session_state, []
     try:
-        return Race(shared.shared_engine().engine, local, prompts, params, you=you,
-                    heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
-                    connected=shared.session_connected())
+        datacenter = endpoints.remote_side(
+            ss.get("arena_dc_side", endpoints.IN_PROCESS["datacenter"]), "datacenter")
+        if datacenter is not None:
+            built.append(datacenter)
+        local = endpoints.remote_side(
+            ss.get("arena_local_side", endpoints.IN_PROCESS["local"]), "local")
+        if local is None:
+            loaded = shared.local_model(ss.get("arena_local_device", "cpu"))
+            local = LocalPC(loaded, pacing=Emulation(*emulation) if emulation else None)
+        built.append(local)
+        return Race(datacenter or shared.shared_engine().engine, local, prompts, params,
+                    you=you, heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
+                    close_engine=datacenter is not None, connected=shared.session_connected())
     except BaseException:
-        local.shutdown()
+        for side in built:
+            side.shutdown()
         raise
 
 
@@ -161,9 +188,9 @@ def _live_view(race: Race | None) -> None:
     else:
         snap = race.snapshot()
     local_col, dc_col = st.columns(2, gap="large")
-    emulation = race.local.pacing if race is not None else None
+    note = race.local.stats(steps_after=None).emulated if race is not None else None
     with local_col:
-        side_panel(snap.sides["local"], snap, emulation.label if emulation else None)
+        side_panel(snap.sides["local"], snap, note)
     with dc_col:
         side_panel(snap.sides["datacenter"], snap)
     live_charts(snap)

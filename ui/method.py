@@ -36,9 +36,14 @@ def _on(stats: ServingStats) -> str:
     return f"{stats.model} on {stats.device}"
 
 
+def _remote(stats: ServingStats) -> bool:
+    """A remote side reports its endpoint's URL as its device."""
+    return stats.device.startswith(("http://", "https://"))
+
+
 def _datacenter(dc: ServingStats) -> str:
     """The datacenter side in words: this process's engine, or a remote server."""
-    if dc.kv is None:  # a remote server: only what it reports
+    if _remote(dc):  # only what it reports
         return f"{_on(dc)}: a remote OpenAI-compatible server, every request sent at once"
     return (f"{_on(dc)}, {dc.dtype} ({dc.dtype_reason}); continuous batching, up to "
             f"{dc.max_num_running} sequences per step, paged KV in blocks of "
@@ -47,7 +52,7 @@ def _datacenter(dc: ServingStats) -> str:
 
 def _local(loc: ServingStats) -> str:
     """The local side in words: the simulated PC, or a remote server fed one at a time."""
-    if loc.n_ctx is None:
+    if _remote(loc):
         return f"{_on(loc)}: a remote OpenAI-compatible server, one request at a time"
     return (f"{_on(loc)}, one user at a time (batch 1), FIFO queue, contiguous KV reserved "
             f"for n_ctx={loc.n_ctx} tokens" + (f"; {loc.emulated}" if loc.emulated else ""))

@@ -110,14 +110,16 @@ class Race(BackgroundJob):
         self, engine: ServingSide, local: ServingSide, prompts: list[Prompt],
         params: SamplingParams, *, you: int = 0, order: tuple[str, ...] = SIDES,
         heartbeat_timeout: float | None = 5.0, interval: float = 0.1,
-        close_local: bool = False, connected: Callable[[], bool] | None = None,
+        close_local: bool = False, close_engine: bool = False,
+        connected: Callable[[], bool] | None = None,
     ) -> None:
         if not prompts:
             raise ValueError("users: at least one prompt is needed")
         if not 0 <= you < len(prompts):
             raise ValueError(f"you: must be in [0, {len(prompts) - 1}], got {you}")
         check_order(order)
-        super().__init__("race", heartbeat_timeout, connected, (local,) if close_local else ())
+        owned = [side for side, close in ((local, close_local), (engine, close_engine)) if close]
+        super().__init__("race", heartbeat_timeout, connected, owned)
         self.engine, self.local, self.params, self.you = engine, local, params, you
         self.order, self.interval = tuple(order), interval
         self.num_users = len(prompts)
@@ -171,10 +173,16 @@ class Race(BackgroundJob):
 
     # ---- the race thread ---------------------------------------------------------------
     def _work(self) -> None:
+        errors = []
         for name in self.order:
             if self._stop.is_set():
                 break
-            self._run_side(self._sides[name])
+            try:
+                self._run_side(self._sides[name])
+            except RuntimeError as exc:  # a failing side (an endpoint down) fails only its
+                errors.append(str(exc))  # own requests: the other side still runs
+        if errors:
+            raise RuntimeError("; ".join(errors))
 
     def _params_for(self, user: int) -> SamplingParams:
         if self.params.greedy or self.params.seed is not None:
@@ -213,7 +221,7 @@ class Race(BackgroundJob):
             self._replace_token_series(side, outputs)
 
     def _check_outputs(self, name: str, outputs: list[RequestOutput]) -> None:
-        """A request that failed, or was cancelled by someone else, ends the race."""
+        """A request that failed, or was cancelled by someone else, ends this side."""
         errors = [o.error for o in outputs if o.finish_reason == "error"]
         if errors:
             raise RuntimeError(f"{LABELS[name]}: {errors[0]}")

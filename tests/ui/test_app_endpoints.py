@@ -1,0 +1,102 @@
+"""Remote endpoints on the arena page: offered by name only (from secrets), a race whose
+datacenter is a second batchlens API server on 127.0.0.1, an endpoint that does not answer,
+and no way to reach an address the admin did not configure."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from apptest import new_app, run_until, wait_idle
+from http_server import serving
+
+from engine import Engine, EngineConfig
+from server.routes import api_routes
+from ui import arena, endpoints, shared
+
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
+
+KEY = "endpoint-secret-key"
+NAME = "team vLLM"
+
+
+@pytest.fixture(scope="module")
+def remote(loaded):
+    """A second server on 127.0.0.1 with its own engine and an API key: (its /v1 URL, engine)."""
+    with Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256),
+                loaded=loaded) as eng, \
+            serving(api_routes(lambda: eng, model_name=eng.loaded.name, api_key=KEY)) as url:
+        yield f"{url}/v1", eng
+
+
+def secrets(url: str) -> dict:
+    return {"endpoints": [{"name": NAME, "url": url, "role": "datacenter", "api_key": KEY}]}
+
+
+def page_text(at) -> str:
+    """Everything the page would send to the browser: every element's protobuf."""
+    stack, out = [at.main, at.sidebar], []
+    while stack:
+        node = stack.pop()
+        out.append(str(getattr(node, "proto", "")))
+        stack.extend(getattr(node, "children", {}).values())
+    return "\n".join(out)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+def start_race(at, side: str, users: int = 2, max_tokens: int = 8):
+    at.selectbox(key="arena_dc_side").select(side).run()
+    at.number_input(key="arena_users").set_value(users)
+    at.number_input(key="arena_max_tokens").set_value(max_tokens)
+    return at.button(key="arena_run").click().run()
+
+
+def test_endpoints_are_offered_by_name_and_their_url_and_key_never_reach_the_page(remote):
+    url, _ = remote
+    at = new_app(secrets=secrets(url))
+    assert not at.exception
+    assert at.selectbox(key="arena_dc_side").options == [
+        endpoints.IN_PROCESS["datacenter"], NAME]
+    text = page_text(at)
+    assert NAME in text and KEY not in text and url not in text
+    assert not at.text_input  # nowhere to type an address
+
+
+def test_a_race_against_a_remote_datacenter_finishes_on_both_sides(remote):
+    url, eng = remote
+    served = eng.stats(steps_after=None).num_finished
+    at = start_race(new_app(secrets=secrets(url)), NAME)
+    run_until(at, lambda a: a.session_state[arena.SLOT.key].finished)
+    race = at.session_state[arena.SLOT.key]
+    assert race.error is None
+    for side in ("datacenter", "local"):
+        outs = race.outputs(side)
+        assert len(outs) == 2 and all(len(o.token_ids) == 8 and o.text for o in outs)
+    assert eng.stats(steps_after=None).num_finished == served + 2  # served over HTTP
+    wait_idle(shared.shared_engine().engine)  # nothing reached this process's engine
+    assert shared.shared_engine().engine.stats(steps_after=None).num_finished == 0
+    assert KEY not in page_text(at.run())
+
+
+def test_an_endpoint_that_does_not_answer_is_named_and_nothing_runs():
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    at = start_race(new_app(secrets=secrets(url)), NAME)
+    assert not at.exception
+    errors = " ".join(e.value for e in at.error)
+    assert "Not started" in errors and NAME in errors and "unreachable" in errors
+    assert arena.SLOT.key not in at.session_state  # no race was built
+    stats = shared.shared_engine().engine.stats(steps_after=None)
+    assert stats.num_running == stats.num_waiting == 0
+
+
+def test_only_configured_names_resolve_to_a_server():
+    """A name that is not configured (an address typed into a widget's state, a query
+    parameter) never becomes a request: nothing is fetched."""
+    with pytest.raises(ValueError, match="no endpoint called"):
+        endpoints.remote_side("http://127.0.0.1:9/v1", "datacenter")
+    assert endpoints.remote_side(endpoints.IN_PROCESS["local"], "local") is None

@@ -1,0 +1,74 @@
+"""Remote serving sides an admin configured, picked by name.
+
+Endpoints come from Streamlit secrets only, one `[[endpoints]]` table each::
+
+    [[endpoints]]
+    name = "vLLM cluster"             # what visitors see and pick
+    url = "http://10.0.0.5:8000/v1"   # the /v1 base; never shown to visitors
+    model = "meta-llama/Llama-3.1-8B-Instruct"   # optional: the first of /v1/models
+    api_key = "..."                   # optional; never leaves the server
+    role = "datacenter"               # or "local": one request at a time
+
+A visitor chooses among these names (next to this process's engine and the simulated
+local PC); there is no field where a URL can be typed, so the server only ever fetches
+addresses the admin wrote down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+from server.remote import RemoteSide
+
+ROLES = ("datacenter", "local")
+IN_PROCESS = {"datacenter": "this process's engine", "local": "simulated local PC"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One configured endpoint (the key is kept out of repr, so it is never printed)."""
+
+    name: str
+    url: str
+    role: str
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+
+
+def configured() -> list[Endpoint]:
+    """The endpoints in Streamlit secrets; `ValueError` naming the entry when one is wrong."""
+    try:
+        entries = st.secrets.get("endpoints", [])
+    except Exception:  # no secrets file
+        return []
+    out = []
+    for i, e in enumerate(entries):
+        where = f"secrets [[endpoints]] #{i + 1}"
+        missing = [k for k in ("name", "url", "role") if not str(e.get(k, "")).strip()]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        if e["role"] not in ROLES:
+            raise ValueError(f"{where} ({e['name']}): role must be one of {ROLES}")
+        if e["name"] in IN_PROCESS.values() or any(o.name == e["name"] for o in out):
+            raise ValueError(f"{where}: the name {e['name']!r} is taken")
+        out.append(Endpoint(str(e["name"]), str(e["url"]), e["role"],
+                            e.get("model") or None, e.get("api_key") or None))
+    return out
+
+
+def choices(role: str) -> list[str]:
+    """What a visitor can pick for a side: the in-process default, then configured names."""
+    return [IN_PROCESS[role]] + [e.name for e in configured() if e.role == role]
+
+
+def remote_side(name: str, role: str) -> RemoteSide | None:
+    """The configured endpoint called `name` as a serving side; None for the in-process
+    default. Only configured names resolve: anything else raises `ValueError`."""
+    if name == IN_PROCESS[role]:
+        return None
+    for e in configured():
+        if e.name == name and e.role == role:
+            return RemoteSide(e.url, model=e.model, api_key=e.api_key, role=role, name=e.name)
+    raise ValueError(f"{role} side: no endpoint called {name!r} is configured")
