@@ -15,6 +15,7 @@ import streamlit as st
 from engine import SamplingParams
 from engine.local import LocalPC
 from measure.hardware import Emulation
+from server.remote import RemoteSide
 from ui import charts, endpoints, frames, method, shared
 from ui.job_slot import JobSlot
 from ui.palette import SIDE_NAMES
@@ -191,8 +192,10 @@ def _live_view(race: Race | None) -> None:
     note = race.local.stats(steps_after=None).emulated if race is not None else None
     with local_col:
         side_panel(snap.sides["local"], snap, note)
+        server_panel(race.local if race is not None else None)
     with dc_col:
         side_panel(snap.sides["datacenter"], snap)
+        server_panel(race.engine if race is not None else None)
     live_charts(snap)
     if snap.finished:
         results(snap)
@@ -233,6 +236,23 @@ def side_panel(view: SideView, snap: RaceSnapshot, note: str | None = None) -> N
         e.metric("Elapsed", f"{view.elapsed:.1f} s")
         f.metric("Users ahead of you", _place(view))
         st.code(view.your_text or " ", language=None, wrap_lines=True, height=180)
+
+
+def server_panel(side: object) -> None:
+    """A remote side's own state, as its /metrics reports it (vLLM, SGLang, llama.cpp or
+    batchlens names), refreshed with the page; nothing for an in-process side."""
+    if not isinstance(side, RemoteSide):
+        return
+    state = side.server_state()
+    if state is None:
+        st.caption("Live server state (running, waiting, KV usage): not exported by this "
+                   "server.")
+        return
+    a, b, c = st.columns(3)
+    a.metric("Server: running", f"{state.running:.0f}")
+    b.metric("Server: waiting", f"{state.waiting:.0f}")
+    c.metric("Server: KV usage", "n/a" if state.kv_usage is None else f"{state.kv_usage:.0%}")
+    st.caption(f"From the server's own /metrics ({state.source} names).")
 
 
 def live_charts(snap: RaceSnapshot) -> None:

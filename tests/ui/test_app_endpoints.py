@@ -29,8 +29,9 @@ def remote(loaded):
         yield f"{url}/v1", eng
 
 
-def secrets(url: str) -> dict:
-    return {"endpoints": [{"name": NAME, "url": url, "role": "datacenter", "api_key": KEY}]}
+def secrets(url: str, **entry) -> dict:
+    return {"endpoints": [{"name": NAME, "url": url, "role": "datacenter", "api_key": KEY,
+                           **entry}]}
 
 
 def page_text(at) -> str:
@@ -80,7 +81,10 @@ def test_a_race_against_a_remote_datacenter_finishes_on_both_sides(remote):
     assert eng.stats(steps_after=None).num_finished == served + 2  # served over HTTP
     wait_idle(shared.shared_engine().engine)  # nothing reached this process's engine
     assert shared.shared_engine().engine.stats(steps_after=None).num_finished == 0
-    assert KEY not in page_text(at.run())
+    at.run()
+    assert KEY not in page_text(at)
+    # this remote server exports no /metrics: the page says so instead of a blank panel
+    assert any("not exported by this server" in c.value for c in at.caption)
 
 
 def test_an_endpoint_that_does_not_answer_is_named_and_nothing_runs():
@@ -92,6 +96,19 @@ def test_an_endpoint_that_does_not_answer_is_named_and_nothing_runs():
     assert arena.SLOT.key not in at.session_state  # no race was built
     stats = shared.shared_engine().engine.stats(steps_after=None)
     assert stats.num_running == stats.num_waiting == 0
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"api_key": "wrong-key"}, "401"),
+    ({"model": "no-such-model"}, "no-such-model"),
+])
+def test_a_refusing_endpoint_is_named_with_its_reason(remote, entry, words):
+    url, _ = remote
+    at = start_race(new_app(secrets=secrets(url, **entry)), NAME)
+    assert not at.exception
+    errors = " ".join(e.value for e in at.error)
+    assert "Not started" in errors and NAME in errors and words in errors
+    assert "wrong-key" not in page_text(at) and KEY not in page_text(at)
 
 
 def test_only_configured_names_resolve_to_a_server():
