@@ -8,7 +8,15 @@ import time
 import pytest
 from polling import wait_for
 
-from engine import Engine, SamplingParams, summarize
+from engine import (
+    Engine,
+    RequestHandle,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+    ServingStats,
+    summarize,
+)
 from workloads.race import Race
 
 PROMPTS = [[{"role": "user", "content": c}] for c in
@@ -125,3 +133,41 @@ def test_bad_input_raises_a_readable_value_error(engine, local, prompt, max_toke
 def test_bad_arguments_need_no_model():
     with pytest.raises(ValueError, match="users"):
         Race(None, None, [], SamplingParams())  # type: ignore[arg-type]
+
+
+class FailingSide:
+    """Stand-in serving side (tests only): an endpoint whose every request fails at once."""
+
+    def check(self, prompt, params):
+        return None  # like a remote server: it cannot tell before sending
+
+    def submit_many(self, prompts, params, request_ids=None):
+        handles = []
+        for rid in request_ids:
+            h = RequestHandle(rid, [], self.cancel)
+            h._finish(RequestOutput(rid, [], [], "", "error", RequestMetrics(time.monotonic()),
+                                    error="remote datacenter: unreachable"))
+            handles.append(h)
+        return handles
+
+    def cancel(self, request_id):
+        pass
+
+    def stats(self, steps_after=None):
+        return ServingStats("stand-in", "http://127.0.0.1:9/v1", "unknown", "", 0, 0, (), (),
+                            0, 0, 0, 0, 0)
+
+    def shutdown(self):
+        pass
+
+
+@pytest.mark.model
+def test_a_failing_side_fails_only_its_own_requests(local):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    race = Race(FailingSide(), local, PROMPTS, params, heartbeat_timeout=None).start()
+    assert race.join(timeout=120)
+    snap = race.snapshot()
+    assert snap.phase == "error" and "unreachable" in snap.error
+    outs = race.outputs("local")  # the other side still ran to the end
+    assert [o.finish_reason for o in outs] == ["length"] * 3
+    assert snap.sides["local"].finished and not snap.sides["datacenter"].finished
