@@ -85,7 +85,7 @@ def controls() -> None:
                  disabled=running)
         st.checkbox("Put me last in line", key="arena_you_last", disabled=running)
         _local_device_choice(running)
-        _side_choices(running)
+        endpoints.pickers("arena", running)
         st.selectbox("Pace the local PC to", list(EMULATIONS), key="arena_pace",
                      disabled=running, help="Slow the local side down to the roofline "
                      "projection of a bigger model on consumer hardware (measure/hardware.py); "
@@ -104,20 +104,6 @@ def _local_device_choice(running: bool) -> None:
                      "cpu": "CPU (a laptop's reality)", "gpu": "GPU, batch 1"}[d])
     else:
         st.caption("Local PC: this machine's CPU. Datacenter: the same CPU, batching.")
-
-
-def _side_choices(running: bool) -> None:
-    """Which server plays each side, where the admin configured remote endpoints (by name
-    only: no URL can be typed here)."""
-    try:
-        dc, local = endpoints.choices("datacenter"), endpoints.choices("local")
-    except ValueError as exc:
-        st.caption(f"Remote endpoints are misconfigured, so none is offered: {exc}")
-        return
-    if len(dc) > 1:
-        st.selectbox("Datacenter side", dc, key="arena_dc_side", disabled=running)
-    if len(local) > 1:
-        st.selectbox("Local PC side", local, key="arena_local_side", disabled=running)
 
 
 def _use_preset() -> None:
@@ -145,12 +131,10 @@ def _race(prompts: list[Chat], params: SamplingParams, you: int,
     that does not answer."""
     ss, built = st.session_state, []
     try:
-        datacenter = endpoints.remote_side(
-            ss.get("arena_dc_side", endpoints.IN_PROCESS["datacenter"]), "datacenter")
+        datacenter = endpoints.picked("arena", "datacenter")
         if datacenter is not None:
             built.append(datacenter)
-        local = endpoints.remote_side(
-            ss.get("arena_local_side", endpoints.IN_PROCESS["local"]), "local")
+        local = endpoints.picked("arena", "local")
         if local is None:
             loaded = shared.local_model(ss.get("arena_local_device", "cpu"))
             local = LocalPC(loaded, pacing=Emulation(*emulation) if emulation else None)

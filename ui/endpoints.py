@@ -72,3 +72,24 @@ def remote_side(name: str, role: str) -> RemoteSide | None:
         if e.name == name and e.role == role:
             return RemoteSide(e.url, model=e.model, api_key=e.api_key, role=role, name=e.name)
     raise ValueError(f"{role} side: no endpoint called {name!r} is configured")
+
+
+def pickers(prefix: str, disabled: bool) -> None:
+    """A choice of server per side (`{prefix}_dc_side`, `{prefix}_local_side`), shown only
+    where the admin configured endpoints for that role."""
+    try:
+        dc, local = choices("datacenter"), choices("local")
+    except ValueError as exc:
+        st.caption(f"Remote endpoints are misconfigured, so none is offered: {exc}")
+        return
+    if len(dc) > 1:
+        st.selectbox("Datacenter side", dc, key=f"{prefix}_dc_side", disabled=disabled)
+    if len(local) > 1:
+        st.selectbox("Local PC side", local, key=f"{prefix}_local_side", disabled=disabled)
+
+
+def picked(prefix: str, role: str) -> RemoteSide | None:
+    """The remote side this session picked for `role` with `pickers`, connected now; None
+    for the in-process default."""
+    key = f"{prefix}_{'dc' if role == 'datacenter' else 'local'}_side"
+    return remote_side(st.session_state.get(key, IN_PROCESS[role]), role)

@@ -43,8 +43,8 @@ def _remote(stats: ServingStats) -> bool:
 
 def _datacenter(dc: ServingStats) -> str:
     """The datacenter side in words: this process's engine, or a remote server."""
-    if _remote(dc):  # only what it reports
-        return f"{_on(dc)}: a remote OpenAI-compatible server, every request sent at once"
+    if _remote(dc):  # only what it reports; its address stays on the server
+        return f"{dc.model}: a remote OpenAI-compatible server, every request sent at once"
     return (f"{_on(dc)}, {dc.dtype} ({dc.dtype_reason}); continuous batching, up to "
             f"{dc.max_num_running} sequences per step, paged KV in blocks of "
             f"{dc.kv.block_size} tokens")
@@ -53,7 +53,7 @@ def _datacenter(dc: ServingStats) -> str:
 def _local(loc: ServingStats) -> str:
     """The local side in words: the simulated PC, or a remote server fed one at a time."""
     if _remote(loc):
-        return f"{_on(loc)}: a remote OpenAI-compatible server, one request at a time"
+        return f"{loc.model}: a remote OpenAI-compatible server, one request at a time"
     return (f"{_on(loc)}, one user at a time (batch 1), FIFO queue, contiguous KV reserved "
             f"for n_ctx={loc.n_ctx} tokens" + (f"; {loc.emulated}" if loc.emulated else ""))
 
@@ -83,13 +83,12 @@ def sweep_setup(sweep: Sweep) -> dict[str, str]:
         "order": f"at each load {_order(s.order)}",
         "load": load,
         "requests": f"{s.num_requests} per side; greedy, max_tokens={s.max_tokens}, EOS "
-                    f"ignored; {len(sweep.prompt_ids)} prompts in turn, "
-                    f"{sweep.mean_prompt_tokens:.0f} tokens on average (chat template)",
+                    f"ignored; {sweep.num_prompts} prompts in turn"
+                    + (f", {sweep.mean_prompt_tokens:.0f} tokens on average (chat template)"
+                       if sweep.mean_prompt_tokens is not None else ""),
         "threads": _threads(sweep.num_threads),
-        "datacenter": f"{_on(dc)}, {dc.dtype}; continuous batching, up to "
-                      f"{sweep.engine.config.max_num_seqs} sequences per step, paged KV, "
-                      "prefix cache as configured in the sidebar",
-        "local PC": f"{_on(loc)}, batch 1, FIFO queue, contiguous KV for n_ctx={loc.n_ctx}",
+        "datacenter": _datacenter(dc),
+        "local PC": _local(loc),
         "shared engine": "other sessions' requests share the datacenter engine and the "
                          "cores: the other_requests and others_cpu columns show them",
     }

@@ -24,7 +24,7 @@ from engine.engine import Engine
 from engine.local import LocalPC
 from measure.hardware import aggregate_tokens_per_s
 from measure.roofline import Roofline, model_profile_key, roofline, user_grid
-from ui import method, shared
+from ui import endpoints, method, shared
 from ui import sweep_charts as charts
 from ui.hardware_view import fmt_number, fmt_seconds, this_machine
 from ui.job_slot import HEARTBEAT_S, SLOW_REFRESH_S, JobSlot
@@ -86,6 +86,7 @@ def controls() -> None:
                        disabled=running) == PROMPTS[1]
         if one:
             st.text_area("Prompt", key="sweep_prompt", height=90, disabled=running)
+        endpoints.pickers("sweep", running)
     spec, error = _spec()
     hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
                         run_label="Run sweep", run_disabled=spec is None)
@@ -132,14 +133,24 @@ def _on_run() -> None:
 
 
 def _sweep(engine: Engine, prompts: list[Chat], spec: SweepSpec) -> Sweep:
-    """A sweep on the shared engine and a local PC of its own, shut down with the sweep.
-    Raises `ValueError` (nothing left running) on an impossible setting."""
-    local = LocalPC(engine.loaded)
+    """A sweep on the shared engine (or a configured remote datacenter) and a local PC of
+    its own (or a configured remote one), the sides it built shut down with the sweep.
+    Raises `ValueError` (nothing left running) on an impossible setting or an endpoint
+    that does not answer."""
+    built = []
     try:
-        return Sweep(engine, local, prompts, spec, heartbeat_timeout=SLOT.heartbeat_s,
-                     close_local=True, connected=shared.session_connected())
+        datacenter = endpoints.picked("sweep", "datacenter")
+        if datacenter is not None:
+            built.append(datacenter)
+        local = endpoints.picked("sweep", "local") or LocalPC(engine.loaded)
+        built.append(local)
+        return Sweep(datacenter or engine, local, prompts, spec,
+                     heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
+                     close_engine=datacenter is not None,
+                     connected=shared.session_connected())
     except BaseException:
-        local.shutdown()
+        for side in built:
+            side.shutdown()
         raise
 
 
@@ -250,8 +261,9 @@ def _spec_cached(key: tuple, build: Callable[[], alt.TopLevelMixin]) -> dict:
 
 def _roofline(sweep: Sweep | None) -> Roofline | None:
     """This machine's roofline over the sweep's user counts (users mode, known model)."""
-    if sweep is None or sweep.spec.mode != "users":
-        return None
+    if (sweep is None or sweep.spec.mode != "users" or not isinstance(sweep.engine, Engine)
+            or sweep.mean_prompt_tokens is None):
+        return None  # a remote datacenter: its hardware is not this machine
     model = sweep.engine.loaded.model
     key = model_profile_key(model.spec)
     if key is None:

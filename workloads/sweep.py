@@ -36,6 +36,7 @@ from engine.local import LocalPC
 from engine.metrics import RequestMetrics, RunSummary, goodput, summarize
 from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
+from engine.serving import ServingSide
 from measure.cpu_load import cpu_sample, others_busy
 from workloads.job import BackgroundJob
 from workloads.prompts import chat, varied_prompts
@@ -158,17 +159,21 @@ class Sweep(BackgroundJob):
     EOS ignored, so each request makes exactly `max_tokens` tokens. Prompts are encoded and
     checked against both sides' limits here: a bad input raises `ValueError` before any run."""
 
-    def __init__(self, engine: Engine, local: LocalPC, prompts: Sequence[Prompt],
+    def __init__(self, engine: ServingSide, local: ServingSide, prompts: Sequence[Prompt],
                  spec: SweepSpec | None = None, *, heartbeat_timeout: float | None = None,
-                 interval: float = 0.1, close_local: bool = False,
+                 interval: float = 0.1, close_local: bool = False, close_engine: bool = False,
                  connected: Callable[[], bool] | None = None) -> None:
         if not prompts:
             raise ValueError("prompts: at least one prompt is needed")
-        super().__init__("sweep", heartbeat_timeout, connected, (local,) if close_local else ())
+        owned = [side for side, close in ((local, close_local), (engine, close_engine)) if close]
+        super().__init__("sweep", heartbeat_timeout, connected, owned)
         self.engine, self.local = engine, local
         self.spec, self.interval = spec or SweepSpec(), interval
         self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
-        self.prompt_ids = [self._encode(p) for p in prompts]
+        self.num_prompts = len(prompts)
+        # what each side is sent: token ids where it tokenizes, else the prompt itself
+        self.side_prompts = {name: [self._prompt_for(name, server, p) for p in prompts]
+                             for name, server in (("datacenter", engine), ("local", local))}
         self.num_threads = torch.get_num_threads()
         self._total = 2 * self.spec.num_requests
         self._points: list[SweepPoint] = []
@@ -176,18 +181,21 @@ class Sweep(BackgroundJob):
         self._current: tuple[str, float] | None = None
         self._done_requests = 0
 
-    def _encode(self, prompt: Prompt) -> list[int]:
-        ids = self.engine.loaded.encode(prompt)
-        limit = min(self.engine.max_model_len, self.engine.pool_tokens, self.local.n_ctx)
-        if len(ids) + self.spec.max_tokens > limit:
-            raise ValueError(
-                f"max_tokens: {self.spec.max_tokens} plus a {len(ids)}-token prompt exceeds "
-                f"the {limit} tokens both sides allow (allowed: 1 to {max(limit - len(ids), 0)})")
-        return ids
+    def _prompt_for(self, name: str, server: ServingSide, prompt: Prompt) -> Prompt:
+        """What `server` is sent for `prompt`; `ValueError` naming the side if it cannot fit."""
+        try:
+            ids = server.check(prompt, self.params)
+        except ValueError as exc:
+            raise ValueError(f"{LABELS[name]}: {exc}") from None
+        return ids if ids is not None else prompt
 
     @property
-    def mean_prompt_tokens(self) -> float:
-        return sum(map(len, self.prompt_ids)) / len(self.prompt_ids)
+    def mean_prompt_tokens(self) -> float | None:
+        """Mean prompt length in tokens, from a side that tokenizes (None if neither does)."""
+        for sent in self.side_prompts.values():
+            if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in sent):
+                return sum(map(len, sent)) / len(sent)
+        return None
 
     # ---- public API ------------------------------------------------------------------
     def _live_handles(self) -> list[RequestHandle]:
@@ -233,7 +241,8 @@ class Sweep(BackgroundJob):
         while True:
             now = time.monotonic()
             while sent < len(arrivals) and not self._stop.is_set() and now - t0 >= arrivals[sent]:
-                ids = self.prompt_ids[sent % len(self.prompt_ids)]
+                prompts = self.side_prompts[side]
+                ids = prompts[sent % len(prompts)]
                 rid = f"{self.job_id}-{side[:2]}{index}-u{sent}"
                 with self._lock:
                     self._handles.append(server.submit(ids, self.params, rid))
@@ -341,7 +350,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep")
               f"{torch.get_num_threads()} threads")
         sweep = Sweep(engine, local, prompts, spec)
         print(f"{spec.num_requests} requests per side, max_tokens {spec.max_tokens}, "
-              f"{sweep.mean_prompt_tokens:.0f} prompt tokens on average, EOS ignored", flush=True)
+              f"{sweep.mean_prompt_tokens or 0:.0f} prompt tokens on average, EOS ignored",
+              flush=True)
         sweep.start().join()
         snap = sweep.snapshot()
     print(format_table(snap.points, spec))

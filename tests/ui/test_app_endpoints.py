@@ -117,3 +117,20 @@ def test_only_configured_names_resolve_to_a_server():
     with pytest.raises(ValueError, match="no endpoint called"):
         endpoints.remote_side("http://127.0.0.1:9/v1", "datacenter")
     assert endpoints.remote_side(endpoints.IN_PROCESS["local"], "local") is None
+
+
+def test_a_sweep_against_a_remote_datacenter_runs_on_both_sides(remote):
+    url, eng = remote
+    served = eng.stats(steps_after=None).num_finished
+    at = new_app(secrets=secrets(url)).switch_page("pages/sweep.py").run()
+    at.selectbox(key="sweep_dc_side").select(NAME).run()
+    at.multiselect(key="sweep_users").set_value([1, 2])
+    at.number_input(key="sweep_max_tokens").set_value(2)
+    at.button(key="sweep_run_button").click().run()
+    run_until(at, lambda a: bool(a.success) or bool(a.error) or bool(a.warning))
+    assert not at.error, at.error[0].value
+    table = at.dataframe[0].value
+    assert list(table["side"]) == ["datacenter", "local"] * 2
+    assert list(table["output_tokens"]) == [2, 2, 4, 4]
+    assert eng.stats(steps_after=None).num_finished == served + 3  # 1 + 2 users over HTTP
+    assert KEY not in page_text(at) and url not in page_text(at)
