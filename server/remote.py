@@ -67,6 +67,7 @@ import json
 import logging
 import math
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -79,7 +80,7 @@ import httpx
 from engine.config import SamplingParams
 from engine.metrics import RequestMetrics
 from engine.outputs import RequestHandle, RequestOutput
-from engine.serving import ALL_STEPS, ServingBase, ServingStats
+from engine.serving import ALL_STEPS, GIL_SWITCH_INTERVAL_S, ServingBase, ServingStats
 from server.remote_metrics import ServerState, metrics_url, state_from_response
 
 if TYPE_CHECKING:
@@ -170,7 +171,9 @@ class RemoteSide(ServingBase):
                                parts.path.rstrip("/"), "", ""))
         self.role, self.api, self.name, self.timeout = role, api, name, float(timeout)
         self.metrics_url = metrics_url(self.base_url)
-        self._where = f"remote {role} {name} ({self.url})" if name else f"remote {role} {self.url}"
+        # a named endpoint (configured by an admin) is called by its name only: messages
+        # reach visitors' pages, and its address stays on the server
+        self._where = f"remote {role} {name!r}" if name else f"remote {role} {self.url}"
         self._path = APIS[api]
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model: str = model or ""
@@ -189,6 +192,9 @@ class RemoteSide(ServingBase):
         self._background: set[asyncio.Task] = set()
         self._fifo: asyncio.Queue[_Call] | None = None
 
+        # stamps are taken when the loop thread holds the GIL: hand it over as often as the
+        # in-process sides do (engine.serving), whatever else runs Python here
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name=f"batchlens-remote-{role}")
@@ -257,10 +263,14 @@ class RemoteSide(ServingBase):
         """None: only the server tokenizes, so a prompt is sent as it is. `ValueError`
         naming the field when this API cannot take the prompt, or when `max_tokens` alone
         exceeds the context `/v1/models` reported."""
-        self.body(prompt, params)
+        self._checked_body(prompt, params)
+
+    def _checked_body(self, prompt: Prompt, params: SamplingParams) -> dict[str, Any]:
+        body = self.body(prompt, params)
         if self.max_model_len is not None and params.max_tokens >= self.max_model_len:
             raise ValueError(f"max_tokens: {params.max_tokens} does not fit the remote model "
                              f"context of {self.max_model_len} tokens (with its prompt)")
+        return body
 
     def body(self, prompt: Prompt, params: SamplingParams) -> dict[str, Any]:
         """The streaming request body for one prompt (`ValueError` naming `prompt` when
@@ -288,9 +298,8 @@ class RemoteSide(ServingBase):
                      ids: list[str | None]) -> list[RequestHandle]:
         """Build and check every body first, then register them all at one moment and hand
         them to the loop in one callback (so a local FIFO keeps their order)."""
-        for prompt, p in zip(prompts, params, strict=True):
-            self.check(prompt, p)
-        bodies = [self.body(prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+        bodies = [self._checked_body(prompt, p)
+                  for prompt, p in zip(prompts, params, strict=True)]
         calls = []
         with self._lock:
             if self._stopped:
@@ -562,7 +571,8 @@ class RemoteSide(ServingBase):
         if status == 404 and model is not None and _about_model(body):
             return f"404 model {model!r} not found ({detail})"
         if status == 404:
-            return (f"404 not found: {what} (is {self.url} the /v1 base of an "
+            url = "its url" if self.name else self.url
+            return (f"404 not found: {what} (is {url} the /v1 base of an "
                     f"OpenAI-compatible server?) ({detail})")
         return f"HTTP {status} on {what}: {detail}"
 

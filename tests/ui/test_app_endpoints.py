@@ -93,6 +93,7 @@ def test_an_endpoint_that_does_not_answer_is_named_and_nothing_runs():
     assert not at.exception
     errors = " ".join(e.value for e in at.error)
     assert "Not started" in errors and NAME in errors and "unreachable" in errors
+    assert url not in errors  # the endpoint goes by its name on the page
     assert arena.SLOT.key not in at.session_state  # no race was built
     stats = shared.shared_engine().engine.stats(steps_after=None)
     assert stats.num_running == stats.num_waiting == 0
