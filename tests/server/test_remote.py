@@ -39,6 +39,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from server.metrics import ServerMetrics
 from server.remote import PLACEHOLDER_TOKEN, RemoteError, RemoteSide
 from server.routes import api_routes
+from workloads.race import Race
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_S = 30.0  # the longest any stand-in request may take
@@ -613,3 +614,21 @@ def test_a_separate_server_process_as_the_local_pc(engine, loaded):
         assert second.ttft > first.e2e
     with pytest.raises(RemoteError, match="remote local 'laptop': unreachable"):
         RemoteSide(url, role="local", api_key=KEY, name="laptop", timeout=5)
+
+
+@pytest.mark.model
+def test_a_race_between_two_remote_servers_matches_the_in_process_engine(engine, dc_url):
+    """A race whose datacenter is a batchlens server and whose local PC is a second
+    batchlens server process serving one sequence at a time: both sides finish, with the
+    in-process engine's float32 greedy text."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    refs = [o.text for o in engine.generate(list(CHATS), params)]
+    with serve_process("--dtype", "float32", "--max-num-seqs", "1") as local_url:
+        race = Race(RemoteSide(dc_url, role="datacenter"), RemoteSide(local_url, role="local"),
+                    list(CHATS), params, heartbeat_timeout=None, close_local=True,
+                    close_engine=True).start()
+        assert race.join(timeout=MODEL_RESULT_S)
+    snap = race.snapshot()
+    assert snap.phase == "done" and snap.error is None and snap.ratio is not None
+    for side in ("datacenter", "local"):
+        assert [o.text for o in race.outputs(side)] == refs
