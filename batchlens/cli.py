@@ -2,6 +2,7 @@
 
     batchlens bench [...]            the engine against transformers and the local PC
     batchlens bench api [...]        the same requests over the API and in-process
+    batchlens bench serve [...]      a load generator for any OpenAI-compatible server
     batchlens sweep [...]            the load sweep: 1 to 64 users on both sides
     batchlens scenario [NAME] [...]  a scripted scenario with prefix caching on, then off
     batchlens race [...]             one race, headless: the arena page's numbers
@@ -19,7 +20,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("measure.bench.cli",
               "the engine against transformers and the local PC on one request mix "
-              "(`bench api`: over the API vs in-process)"),
+              "(`bench api`: over the API vs in-process; `bench serve`: load any "
+              "OpenAI-compatible server)"),
     "sweep": ("workloads.sweep", "the load sweep: throughput and latency from 1 to 64 users"),
     "scenario": ("workloads.scenarios",
                  "a scripted scenario, with prefix caching on and then off"),

@@ -5,17 +5,17 @@ the engine, with the same engine settings.
 
 First the in-process run (every request submitted at once to an `Engine` in this process),
 then `batchlens serve` in a child process with the same settings, and N concurrent
-streaming clients (httpx, one asyncio loop in this process) sending the same prompts as
-token ids to /v1/completions. Client-side figures are measured as `vllm bench serve`
-measures them: TTFT to the first content chunk, E2E to the last, TPOT = (E2E - TTFT) /
-(tokens - 1) with tokens from the stream's usage chunk. Both sides share the machine's
-cores with their clients, as a real deployment's clients would not.
+streaming clients (`measure.bench.serve.run_load`: httpx, one asyncio loop in this
+process) sending the same prompts as token ids to /v1/completions. Client-side figures
+are measured as `vllm bench serve` measures them: TTFT to the first content chunk, E2E to
+the last, TPOT = (E2E - TTFT) / (tokens - 1) with tokens from the stream's usage chunk.
+Both sides share the machine's cores with their clients, as a real deployment's clients
+would not.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -26,9 +26,11 @@ from pathlib import Path
 
 import httpx
 
-from engine import Engine, EngineConfig, LoadedModel, RequestMetrics, SamplingParams, summarize
+from engine import Engine, EngineConfig, LoadedModel, SamplingParams, summarize
+from measure.bench.report import format_table
 from measure.bench.requests import BenchRequest, make_requests, tokenize_corpus
 from measure.bench.runs import RunResult
+from measure.bench.serve import from_bench, run_load
 
 PROG = "batchlens bench api"
 HEALTH_TIMEOUT_S = 300.0
@@ -51,43 +53,6 @@ def run_in_process(loaded: LoadedModel, reqs: list[BenchRequest], config: Engine
         outs = eng.generate([list(r.prompt_ids) for r in reqs], params)
         end = time.monotonic()
     return RunResult("in_process", summarize([o.metrics for o in outs], wall_time=end - t0))
-
-
-async def _one(client: httpx.AsyncClient, url: str, model: str, req: BenchRequest,
-               t0: float) -> RequestMetrics:
-    """One streaming completion; chunk arrival times and the usage's token count."""
-    body = {"model": model, "prompt": list(req.prompt_ids), "max_tokens": req.max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    times: list[float] = []
-    tokens = None
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if any(c.get("text") for c in chunk.get("choices", [])):
-                times.append(time.monotonic())
-    if tokens is None or not times:
-        raise RuntimeError("a stream ended without usage or content")
-    # one time per token: chunks carry the text of one or more tokens; the last chunk's time
-    # stands for tokens that brought no text of their own (TTFT, E2E and TPOT stay exact)
-    times += [times[-1]] * max(0, tokens - len(times))
-    return RequestMetrics(arrival_time=t0, token_times=times[:tokens])
-
-
-async def _clients(url: str, model: str, reqs: list[BenchRequest]) -> tuple[list, float, float]:
-    limits = httpx.Limits(max_connections=len(reqs), max_keepalive_connections=len(reqs))
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
-        warm = BenchRequest((1, 2, 3, 4), 2)
-        await _one(client, url, model, warm, time.monotonic())  # warm-up
-        t0 = time.monotonic()
-        metrics = await asyncio.gather(*(_one(client, url, model, r, t0) for r in reqs))
-        return list(metrics), t0, time.monotonic()
 
 
 def serve(port: int, config: EngineConfig, dtype: str, log: Path) -> subprocess.Popen:
@@ -117,28 +82,18 @@ def run_api(reqs: list[BenchRequest], config: EngineConfig, dtype: str, model: s
     port = free_port()
     proc = serve(port, config, dtype, log)
     try:
-        metrics, t0, end = asyncio.run(_clients(f"http://127.0.0.1:{port}", model, reqs))
+        load = run_load(f"http://127.0.0.1:{port}", model, from_bench(reqs),
+                        ignore_eos=True, timeout=REQUEST_TIMEOUT_S)
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return RunResult("api", summarize(metrics, wall_time=end - t0))
-
-
-def table(results: list[RunResult]) -> str:
-    """tok/s, TTFT and TPOT p50/p99 (ms) per run."""
-    head = (f"{'run':<12}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}"
-            f"{'TPOT p99':>10}{'tokens':>8}{'wall s':>8}")
-    lines = [head, "-" * len(head)]
-    for r in results:
-        s = r.summary
-        ms = [v * 1000 for v in (s.ttft_p50, s.ttft_p99, s.tpot_p50, s.tpot_p99)]
-        lines.append(f"{r.name:<12}{s.throughput:>9.1f}" + "".join(f"{v:>10.0f}" for v in ms)
-                     + f"{s.output_tokens:>8}{s.wall_time:>8.1f}")
-    lines.append("(ms; all requests arrive at t=0; api: measured by the clients, over HTTP)")
-    return "\n".join(lines)
+    if failed := [r.error for r in load.results if not r.ok]:
+        raise RuntimeError(f"{len(failed)} of {len(reqs)} requests failed: {failed[0]}")
+    return RunResult("api", summarize([r.metrics() for r in load.results],
+                                      wall_time=load.duration))
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
@@ -169,7 +124,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     results.append(run_api(reqs, config, dtype, loaded.name, Path(a.log)))
     inproc, api = (r.summary for r in results)
     ratio = api.throughput / inproc.throughput
-    print("\n" + table(results))
+    print("\n" + format_table(results, others=False,
+                               note="api: measured by the clients, over HTTP"))
     print(f"API throughput / in-process = {ratio:.1%}")
     if a.json:
         doc = {"requests": n, "seed": a.seed, "dtype": dtype, "model": loaded.name,

@@ -69,11 +69,16 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Load the model once, run the chosen runs in turn, print and optionally save.
-    `api` as the first argument runs the API vs in-process bench instead."""
+    `api` as the first argument runs the API vs in-process bench instead; `serve` the
+    HTTP load generator against a running server."""
     if argv and argv[0] == "api":
         from measure.bench import api
 
         return api.main(argv[1:], prog=f"{prog} api")
+    if argv and argv[0] == "serve":
+        from measure.bench import serve
+
+        return serve.main(argv[1:], prog=f"{prog} serve")
     a = parse_args(argv, prog)
     if a.report:
         print(report_saved(a.report))

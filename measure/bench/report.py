@@ -56,10 +56,12 @@ def floor_lines(floor: dict[str, Any], results: list[RunResult]) -> list[str]:
     return lines
 
 
-def format_table(results: list[RunResult]) -> str:
-    """A fixed-width table: tok/s, TTFT and TPOT p50/p99 (ms), others' CPU share per run."""
+def format_table(results: list[RunResult], others: bool = True,
+                 note: str = "others: CPU share other processes used") -> str:
+    """A fixed-width table: tok/s, TTFT and TPOT p50/p99 (ms), and (`others`) the CPU share
+    other processes used, per run; `note` ends the footnote."""
     head = (f"{'run':<14}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}"
-            f"{'TPOT p99':>10}{'tokens':>8}{'wall s':>8}{'others':>8}")
+            f"{'TPOT p99':>10}{'tokens':>8}{'wall s':>8}" + (f"{'others':>8}" if others else ""))
     lines = [head, "-" * len(head)]
     for r in results:
         s = r.summary
@@ -69,8 +71,8 @@ def format_table(results: list[RunResult]) -> str:
         ms = [v * 1000 for v in (s.ttft_p50, s.ttft_p99, s.tpot_p50, s.tpot_p99)]
         lines.append(f"{r.name:<14}{s.throughput:>9.1f}" + "".join(f"{v:>10.0f}" for v in ms)
                      + f"{s.output_tokens:>8}{s.wall_time:>8.1f}"
-                     + f"{r.extra.get('others_cpu', math.nan):>8.0%}")
-    lines.append("(ms; all requests arrive at t=0; others: CPU share other processes used)")
+                     + (f"{r.extra.get('others_cpu', math.nan):>8.0%}" if others else ""))
+    lines.append(f"(ms; all requests arrive at t=0; {note})")
     return "\n".join(lines)
 
 

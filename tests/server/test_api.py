@@ -10,52 +10,26 @@ mid-stream.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import threading
 import uuid
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
-import uvicorn
+from http_server import serving
 from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.applications import Starlette
 
 from engine import Engine, EngineConfig, SamplingParams
 from server import protocol
 from server.cli import build_parser, engine_config
 from server.errors import APIError, error_body
-from server.metrics import ServerMetrics
 from server.routes import api_routes
 
 STUB_MODEL = "stub-model"
 KEY = "sekret"
 TIMEOUT_S = 60.0
-
-
-# ---- a real server in a thread -------------------------------------------------------
-@contextlib.contextmanager
-def serving(routes) -> Iterator[str]:
-    """uvicorn on a free 127.0.0.1 port in a thread; yields the base URL; stops it after."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, timeout=10, message="uvicorn did not start")
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def client_for(url: str, key: str = "none") -> openai.OpenAI:
@@ -310,27 +284,6 @@ def test_an_api_key_guards_every_v1_route_but_not_health_or_metrics(stub):
 
 
 # ---- a real engine -------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def api_engine(loaded):
-    """A small engine: 256 blocks of 16 tokens, so the limit is the 4096-token pool."""
-    with Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256),
-                loaded=loaded) as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def name(api_engine) -> str:
-    return api_engine.loaded.name
-
-
-@pytest.fixture(scope="module")
-def url(api_engine, name):
-    metrics = ServerMetrics(lambda: api_engine)
-    metrics.watch(api_engine)
-    with serving(api_routes(lambda: api_engine, model_name=name, metrics=metrics)) as base:
-        yield base
-
-
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     """GET /metrics, parsed by prometheus_client: (sample name, labels but the model's) ->
     value."""

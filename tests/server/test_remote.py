@@ -35,8 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine import Engine, EngineConfig, SamplingParams
-from server.metrics import ServerMetrics
+from engine import Engine, SamplingParams
 from server.remote import PLACEHOLDER_TOKEN, RemoteError, RemoteSide
 from server.routes import api_routes
 from workloads.race import Race
@@ -485,19 +484,13 @@ CHATS = [[{"role": "user", "content": p}] for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")
-def dc_engine(loaded):
-    with Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=256),
-                loaded=loaded) as eng:
-        yield eng
+def dc_engine(api_engine):
+    return api_engine
 
 
 @pytest.fixture(scope="module")
-def dc_url(dc_engine):
-    metrics = ServerMetrics(lambda: dc_engine)
-    metrics.watch(dc_engine)
-    with serving(api_routes(lambda: dc_engine, model_name=dc_engine.loaded.name,
-                            metrics=metrics)) as url:
-        yield url + "/v1"
+def dc_url(url):
+    return url + "/v1"
 
 
 @pytest.mark.model
