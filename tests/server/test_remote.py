@@ -610,13 +610,14 @@ def test_a_separate_server_process_as_the_local_pc(engine, loaded):
 
 
 @pytest.mark.model
-def test_a_race_between_two_remote_servers_matches_the_in_process_engine(engine, dc_url):
-    """A race whose datacenter is a batchlens server and whose local PC is a second
-    batchlens server process serving one sequence at a time: both sides finish, with the
-    in-process engine's float32 greedy text."""
+def test_a_race_between_two_remote_servers_matches_the_in_process_engine(engine):
+    """A race whose datacenter is a batchlens server process and whose local PC is another
+    one serving one sequence at a time: both sides finish, with the in-process engine's
+    float32 greedy text."""
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     refs = [o.text for o in engine.generate(list(CHATS), params)]
-    with serve_process("--dtype", "float32", "--max-num-seqs", "1") as local_url:
+    with serve_process("--dtype", "float32") as dc_url, \
+            serve_process("--dtype", "float32", "--max-num-seqs", "1") as local_url:
         race = Race(RemoteSide(dc_url, role="datacenter"), RemoteSide(local_url, role="local"),
                     list(CHATS), params, heartbeat_timeout=None, close_local=True,
                     close_engine=True).start()
