@@ -39,7 +39,7 @@ from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ServingSide
 from workloads.job import BackgroundJob
 from workloads.prompts import chat
-from workloads.sides import LABELS, SIDES, check_order
+from workloads.sides import LABELS, SIDES, check_order, prompts_for
 
 
 @dataclass(frozen=True)
@@ -126,27 +126,10 @@ class Race(BackgroundJob):
         self.num_threads = torch.get_num_threads()
         self._sides = {"datacenter": _Side("datacenter", engine), "local": _Side("local", local)}
         for side in self._sides.values():
-            side.prompts = self._checked(side, prompts)
+            side.prompts = prompts_for(side.name, side.server, prompts, params)
         self._tokens: list[dict[str, Any]] = []
         self._kv: list[dict[str, Any]] = []
         self._batch: list[dict[str, Any]] = []
-
-    # ---- set-up ----------------------------------------------------------------------
-    def _checked(self, side: _Side, prompts: list[Prompt]) -> list[Prompt]:
-        """What `side` is sent for each prompt: its token ids where it can tokenize, else
-        the prompt itself; `ValueError` naming the side when one does not fit."""
-        cache: dict[str, Prompt] = {}
-        out = []
-        for prompt in prompts:
-            key = repr(prompt)
-            if key not in cache:
-                try:
-                    ids = side.server.check(prompt, self.params)
-                except ValueError as exc:
-                    raise ValueError(f"{LABELS[side.name]}: {exc}") from None
-                cache[key] = ids if ids is not None else prompt
-            out.append(cache[key])
-        return out
 
     # ---- public API --------------------------------------------------------------------
     def _live_handles(self) -> list[RequestHandle]:

@@ -40,7 +40,7 @@ from engine.serving import ServingSide
 from measure.cpu_load import cpu_sample, others_busy
 from workloads.job import BackgroundJob
 from workloads.prompts import chat, varied_prompts
-from workloads.sides import LABELS, SIDES, check_order
+from workloads.sides import LABELS, SIDES, check_order, prompts_for
 
 MODES = ("users", "rate")
 DEFAULT_USERS = (1, 2, 4, 8, 16, 32, 64)
@@ -172,7 +172,7 @@ class Sweep(BackgroundJob):
         self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
         self.num_prompts = len(prompts)
         # what each side is sent: token ids where it tokenizes, else the prompt itself
-        self.side_prompts = {name: [self._prompt_for(name, server, p) for p in prompts]
+        self.side_prompts = {name: prompts_for(name, server, prompts, self.params)
                              for name, server in (("datacenter", engine), ("local", local))}
         self.num_threads = torch.get_num_threads()
         self._total = 2 * self.spec.num_requests
@@ -180,14 +180,6 @@ class Sweep(BackgroundJob):
         self._handles: list[RequestHandle] = []
         self._current: tuple[str, float] | None = None
         self._done_requests = 0
-
-    def _prompt_for(self, name: str, server: ServingSide, prompt: Prompt) -> Prompt:
-        """What `server` is sent for `prompt`; `ValueError` naming the side if it cannot fit."""
-        try:
-            ids = server.check(prompt, self.params)
-        except ValueError as exc:
-            raise ValueError(f"{LABELS[name]}: {exc}") from None
-        return ids if ids is not None else prompt
 
     @property
     def mean_prompt_tokens(self) -> float | None:
