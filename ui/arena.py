@@ -129,23 +129,17 @@ def _race(prompts: list[Chat], params: SamplingParams, you: int,
     its own (or a configured remote one), the sides it built shut down with the race.
     Raises `ValueError` (nothing left running) on an impossible setting or an endpoint
     that does not answer."""
-    ss, built = st.session_state, []
-    try:
-        datacenter = endpoints.picked("arena", "datacenter")
-        if datacenter is not None:
-            built.append(datacenter)
-        local = endpoints.picked("arena", "local")
-        if local is None:
-            loaded = shared.local_model(ss.get("arena_local_device", "cpu"))
-            local = LocalPC(loaded, pacing=Emulation(*emulation) if emulation else None)
-        built.append(local)
-        return Race(datacenter or shared.shared_engine().engine, local, prompts, params,
-                    you=you, heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
-                    close_engine=datacenter is not None, connected=shared.session_connected())
-    except BaseException:
-        for side in built:
-            side.shutdown()
-        raise
+    device = st.session_state.get("arena_local_device", "cpu")
+
+    def local_pc() -> LocalPC:
+        pacing = Emulation(*emulation) if emulation else None
+        return LocalPC(shared.local_model(device), pacing=pacing)
+
+    with endpoints.sides("arena", shared.shared_engine().engine, local_pc) as (dc, local,
+                                                                                remote_dc):
+        return Race(dc, local, prompts, params, you=you, heartbeat_timeout=SLOT.heartbeat_s,
+                    close_local=True, close_engine=remote_dc,
+                    connected=shared.session_connected())
 
 
 def start_scenario(key: str) -> None:

@@ -16,10 +16,13 @@ addresses the admin wrote down.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import streamlit as st
 
+from engine.serving import ServingSide
 from server.remote import RemoteSide
 
 ROLES = ("datacenter", "local")
@@ -93,3 +96,24 @@ def picked(prefix: str, role: str) -> RemoteSide | None:
     for the in-process default."""
     key = f"{prefix}_{'dc' if role == 'datacenter' else 'local'}_side"
     return remote_side(st.session_state.get(key, IN_PROCESS[role]), role)
+
+
+@contextlib.contextmanager
+def sides(prefix: str, engine: ServingSide, local_pc: Callable[[], ServingSide],
+          ) -> Iterator[tuple[ServingSide, ServingSide, bool]]:
+    """The two sides this session picked with `pickers`: (datacenter, local, whether the
+    datacenter is a remote side built here). The in-process defaults are `engine` and a new
+    `local_pc()`. The sides built here are shut down again if the body raises (a job that
+    did not start); a job that starts owns them."""
+    built: list[ServingSide] = []
+    try:
+        remote_dc = picked(prefix, "datacenter")
+        if remote_dc is not None:
+            built.append(remote_dc)
+        local = picked(prefix, "local") or local_pc()
+        built.append(local)
+        yield remote_dc or engine, local, remote_dc is not None
+    except BaseException:
+        for side in built:
+            side.shutdown()
+        raise

@@ -137,21 +137,11 @@ def _sweep(engine: Engine, prompts: list[Chat], spec: SweepSpec) -> Sweep:
     its own (or a configured remote one), the sides it built shut down with the sweep.
     Raises `ValueError` (nothing left running) on an impossible setting or an endpoint
     that does not answer."""
-    built = []
-    try:
-        datacenter = endpoints.picked("sweep", "datacenter")
-        if datacenter is not None:
-            built.append(datacenter)
-        local = endpoints.picked("sweep", "local") or LocalPC(engine.loaded)
-        built.append(local)
-        return Sweep(datacenter or engine, local, prompts, spec,
-                     heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
-                     close_engine=datacenter is not None,
+    with endpoints.sides("sweep", engine, lambda: LocalPC(engine.loaded)) as (dc, local,
+                                                                               remote_dc):
+        return Sweep(dc, local, prompts, spec, heartbeat_timeout=SLOT.heartbeat_s,
+                     close_local=True, close_engine=remote_dc,
                      connected=shared.session_connected())
-    except BaseException:
-        for side in built:
-            side.shutdown()
-        raise
 
 
 # ---- the live view -------------------------------------------------------------------
