@@ -30,6 +30,10 @@ from engine.sequence import Sequence
 from engine.stopping import append_token, make_output
 
 MAX_RECORDED_STEPS = 16384
+# With CUDA graphs for decode, new requests are admitted once 1/8 of the slots are free
+# (a step with prompt tokens runs eagerly, so admitting one request per step as others
+# finish would make nearly every step eager at high concurrency)
+ADMIT_WAVE_DIVISOR = 8
 
 
 class StepRunner(Protocol):
@@ -80,7 +84,7 @@ class ModelOutput:
     error: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestUpdate:
     """What one request produced in a step: new text, its token count, and its final
     output when the step finished it."""
@@ -102,8 +106,11 @@ class EngineCore:
         self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
         self.max_model_len = max_model_len
         self.requests: dict[str, Request] = {}
+        self.generators: dict[str, torch.Generator] = {}  # sampled requests' own generators
         self.steps: deque[StepStats] = deque(maxlen=MAX_RECORDED_STEPS)
         self.num_steps = self.num_finished = self.num_output_tokens = 0
+        if getattr(runner, "graphs", None):  # decode-only steps replay CUDA graphs
+            scheduler.min_admit_slots = max(1, scheduler.max_num_seqs // ADMIT_WAVE_DIVISOR)
 
     @property
     def has_work(self) -> bool:
@@ -113,6 +120,8 @@ class EngineCore:
         """Queue a request (validated by the caller)."""
         assert request.request_id not in self.requests, request.request_id
         self.requests[request.request_id] = request
+        if request.generator is not None:
+            self.generators[request.request_id] = request.generator
         self.scheduler.add(request.seq)
 
     def abort(self, request_id: str) -> RequestUpdate | None:
@@ -134,12 +143,12 @@ class EngineCore:
     def execute(self, batch: ScheduledBatch) -> ModelOutput:
         """Run the batch on the model; an exception fails only this step's requests."""
         start = time.monotonic()
-        for seq, _ in batch.entries:
+        entries = batch.entries
+        for seq, _ in entries[len(entries) - batch.num_admitted :]:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = start
-        gens = {s.request_id: self.requests[s.request_id].generator for s, _ in batch.entries}
         try:
-            sampled = self.runner.execute(batch.entries, self.kv.block_tables, gens)
+            sampled = self.runner.execute(entries, self.kv.block_tables, self.generators)
         except Exception as exc:  # fail only this step's requests; keep serving
             traceback.print_exc()
             return ModelOutput(start, time.monotonic(), {}, f"{type(exc).__name__}: {exc}")
@@ -150,33 +159,42 @@ class EngineCore:
         if out.error is not None:
             return [self._finish(self.requests[s.request_id], "error", out.error)
                     for s, _ in batch.entries]
-        n_dec = sum(1 for s, n in batch.entries if n == 1 and s.num_remaining == 1)
-        for seq, n in batch.entries:
-            seq.num_computed_tokens += n
-            self.kv.record_computed(seq.request_id, seq.token_ids, seq.num_computed_tokens)
+        entries, record = batch.entries, self.kv.record_computed
+        sampled, requests, end = out.sampled, self.requests, out.end
+        eos, max_len = self.eos_token_ids, self.max_model_len
+        updates: list[RequestUpdate | None] = []
+        finished: list[tuple[int, Request, str]] = []  # freed after the step's KV stats
+        n_dec = n_tokens = 0
+        for i, (seq, n) in enumerate(entries):  # one pass: this runs for every request
+            computed = seq.num_computed_tokens + n
+            n_tokens += n
+            if n == 1 and computed == seq.num_tokens:
+                n_dec += 1  # a decode token: the request's last token, computed alone
+            seq.num_computed_tokens = computed
+            record(seq.request_id, seq.token_ids, computed)
+            token = sampled.get(i)
+            if token is None:
+                continue
+            request = requests[seq.request_id]
+            detok = request.detok
+            reason = append_token(seq, token, end, detok, eos, max_len)
+            if reason:
+                finished.append((len(updates), request, reason))
+                updates.append(None)
+            else:
+                updates.append(RequestUpdate(request, detok.delta(), len(seq.output_token_ids)))
+        self.num_output_tokens += len(sampled)
         kvs = self.kv.stats()  # as the step left it, before finished requests free blocks
         self.steps.append(StepStats(
-            start=out.start, duration=out.end - out.start, num_seqs=len(batch.entries),
-            num_prefill_tokens=batch.num_tokens - n_dec, num_decode_tokens=n_dec,
+            start=out.start, duration=out.end - out.start, num_seqs=len(entries),
+            num_prefill_tokens=n_tokens - n_dec, num_decode_tokens=n_dec,
             num_preempted=batch.num_preempted, kv_usage=kvs.usage,
             kv_used_slots=kvs.used_slots, kv_reserved_slots=kvs.reserved_slots,
         ))
         self.num_steps += 1
-        updates = []
-        for i, (seq, _) in enumerate(batch.entries):
-            token = out.sampled.get(i)
-            if token is None:
-                continue
-            self.num_output_tokens += 1
-            request = self.requests[seq.request_id]
-            reason = append_token(seq, token, out.end, request.detok, self.eos_token_ids,
-                                  self.max_model_len)
-            if reason:
-                updates.append(self._finish(request, reason))
-            else:
-                updates.append(RequestUpdate(request, request.detok.delta(),
-                                             len(seq.output_token_ids)))
-        return updates
+        for k, request, reason in finished:
+            updates[k] = self._finish(request, reason)
+        return updates  # type: ignore[return-value]  # every None was replaced
 
     def _finish(self, request: Request, reason: str, error: str | None = None) -> RequestUpdate:
         """End a request: free its blocks, build its final output."""
@@ -185,6 +203,7 @@ class EngineCore:
         seq.finish_reason, seq.error = reason, error
         seq.metrics.finish_time = time.monotonic()
         del self.requests[seq.request_id]
+        self.generators.pop(seq.request_id, None)
         self.num_finished += 1
         output = make_output(seq, request.detok, reason, error)
         return RequestUpdate(request, request.detok.delta(final=True),

@@ -3,11 +3,32 @@
 Decoding only a short window of recent tokens each time keeps the cost per token flat;
 text ending in an incomplete UTF-8 character (U+FFFD) is held back until the next token
 completes it, so Korean or emoji stream cleanly.
+
+A fast (Rust) Hugging Face tokenizer runs that same algorithm in one call per token
+(`tokenizers.decoders.DecodeStream`, ~1 us instead of two Python-wrapped decodes, ~6 us):
+the engine detokenizes every running request each step, so this is on the step's
+critical path. Other tokenizers take the Python path below.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # an older `tokenizers`: the Python path only
+    DecodeStream = None
+
+
+def _rust_backend(tokenizer: Any) -> Any | None:
+    """The `tokenizers.Tokenizer` behind a fast tokenizer whose decode adds nothing to it
+    (no clean-up of spaces), or None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if DecodeStream is None or backend is None or not hasattr(backend, "id_to_token"):
+        return None
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    return backend
 
 
 class IncrementalDetokenizer:
@@ -23,6 +44,8 @@ class IncrementalDetokenizer:
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self._emitted = 0
         self.stopped = False
+        self._backend = _rust_backend(tokenizer)
+        self._stream = DecodeStream(skip_special_tokens=True) if self._backend else None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -30,6 +53,13 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> None:
         """Append one token; update `text`; set `stopped` when a stop string appears."""
         self.token_ids.append(token_id)
+        if self._stream is not None:
+            new = self._stream.step(self._backend, token_id)
+            if new:
+                self.text += new
+                if self.stop:
+                    self._check_stop(len(new))
+            return
         prefix = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
         full = self._decode(self.token_ids[self._prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
@@ -53,6 +83,10 @@ class IncrementalDetokenizer:
 
     def delta(self, final: bool = False) -> str:
         """Text not yet handed out; keeps back a possible partial stop string."""
+        if not self._hold:  # no stop strings longer than one character: all of it
+            out = self.text[self._emitted :]
+            self._emitted = len(self.text)
+            return out
         end = len(self.text) if (final or self.stopped) else max(len(self.text) - self._hold, 0)
         end = max(end, self._emitted)
         out = self.text[self._emitted : end]

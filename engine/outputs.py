@@ -64,7 +64,8 @@ class RequestHandle:
     # ---- engine side ---------------------------------------------------------------
     def _push(self, delta: str, num_tokens: int) -> None:
         self._events.put((delta, num_tokens))
-        self._first.set()
+        if not self._first.is_set():  # set() takes a lock: once per request is enough
+            self._first.set()
 
     def _finish(self, output: RequestOutput, last_delta: str = "") -> None:
         self._output = output

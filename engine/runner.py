@@ -9,14 +9,37 @@ Flat batch layout for one step (T tokens)::
 
 Any entry with exactly one new token is attended as a decode row (its context is read
 from the cache), whatever phase its request is in.
+
+Persistent inputs. Each running request keeps one row of `BlockTables` (a host array of
+block ids) from step to step; a step copies in only the blocks a request gained since its
+last one. The decode rows' slots and context lengths are then computed for all rows at
+once with tensor ops, not block by block in Python.
+
+Padded decode (the path CUDA graphs replay). A decode-only step of S requests runs as a
+batch padded up to the next of `padded_sizes` (1, 2, 4, 8, 16, then every 16): its inputs
+are copied into fixed device buffers, padded rows read and write one dummy block kept
+past the KV manager's pool, and their logits are ignored::
+
+    buffers [P]:   ids   [ t0 t1 ... t(S-1) | 0 ... 0 ]
+                   slots [ s0 s1 ... s(S-1) | dummy ... ]     context_lens [ ... | 1 ... 1 ]
+    tables  [P, W]: row i = request i's blocks; padded rows [dummy, ...]
+
+On CUDA with the Triton paged-decode kernel, one CUDA graph per padded size is captured at
+start-up and replayed; on CPU the same path runs eagerly when `padded_decode` is set.
+Prefill and mixed steps always run eagerly.
 """
 
 from __future__ import annotations
 
+import bisect
+import os
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from engine import compute
-from engine.models import native
+from engine.models import native, paged_decode
 from engine.models.attention import (
     AttentionMetadata,
     DecodeGroup,
@@ -33,6 +56,7 @@ GROUP_OVERHEAD = 24  # cost of one more decode group, in padded (request x block
 # the fused SDPA kernel; larger ones through two batched matmuls, which scale better on CPU
 # (measured on the 2-core CPU: SDPA 3-4x faster at 1 request, 2x slower at 16).
 SDPA_MAX_KEYS = 1024
+GRAPH_WARMUP_STEPS = 2
 
 
 def split_by_length(num_blocks: list[int], depth: int = 2) -> list[tuple[int, int]]:
@@ -60,17 +84,108 @@ def _split(nb: list[int], start: int, end: int, depth: int) -> list[tuple[int, i
     return _split(nb, start, cut, depth - 1) + _split(nb, cut, end, depth - 1)
 
 
-class ModelRunner:
-    """Owns the KV tensors and runs one step of the model."""
+def padded_sizes(max_num_seqs: int) -> list[int]:
+    """Batch sizes a decode step is padded to: 1, 2, 4, 8, 16, then every 16, and
+    `max_num_seqs` itself where it falls between two of them."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
+    sizes += range(16, max_num_seqs, 16)
+    return sizes + [max_num_seqs]
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+
+class BlockTables:
+    """The block tables of running requests as rows of one host array, kept between steps.
+
+    A row mirrors one request's block table (the KV manager's list object); a step copies
+    in only the blocks appended since the last step. A row whose request is gone (finished,
+    preempted: its list was dropped) is reclaimed when rows run out.
+    """
+
+    def __init__(self, width: int, rows: int = 64) -> None:
+        self.array = np.zeros((rows, max(width, 1)), dtype=np.int32)
+        self.row_of: dict[str, int] = {}
+        self.table_of: list[list[int] | None] = [None] * rows
+        self.copied = [0] * rows  # blocks of the request's table copied into its row
+        self.free = list(range(rows - 1, -1, -1))
+
+    def sync(self, request_id: str, table: list[int], live: dict[str, list[int]]) -> int:
+        """The request's row, with every block of `table` copied in."""
+        r = self.row_of.get(request_id)
+        if r is None:
+            if not self.free:
+                self._reclaim(live)
+            r = self.free.pop()
+            self.row_of[request_id] = r
+        if self.table_of[r] is not table:  # a new request, or one freed and back
+            self.table_of[r], self.copied[r] = table, 0
+        n, done = len(table), self.copied[r]
+        if n > self.array.shape[1]:
+            self._resize(self.array.shape[0], max(n, 2 * self.array.shape[1]))
+        self.array[r, done:n] = table[done:n]
+        self.copied[r] = n
+        return r
+
+    def _reclaim(self, live: dict[str, list[int]]) -> None:
+        for rid, r in list(self.row_of.items()):
+            if live.get(rid) is not self.table_of[r]:
+                del self.row_of[rid]
+                self.table_of[r], self.copied[r] = None, 0
+                self.free.append(r)
+        if not self.free:
+            rows = self.array.shape[0]
+            self._resize(2 * rows, self.array.shape[1])
+            self.table_of += [None] * rows
+            self.copied += [0] * rows
+            self.free = list(range(2 * rows - 1, rows - 1, -1))
+
+    def _resize(self, rows: int, width: int) -> None:
+        grown = np.zeros((rows, width), dtype=np.int32)
+        old_rows, old_width = self.array.shape
+        grown[:old_rows, :old_width] = self.array
+        self.array = grown
+
+
+@dataclass
+class DecodeRows:
+    """The decode entries of one step as tensors on the host, in entry order."""
+
+    input_ids: torch.Tensor  # [S] int64
+    positions: torch.Tensor  # [S] int64
+    slots: torch.Tensor  # [S] int64
+    tables: torch.Tensor  # [S, W] int32, W = the longest context's block count
+    context_lens: torch.Tensor  # [S] int32
+    logits_rows: list[int]  # rows (0..S-1) to sample
+    sampled: list[int]  # their entry indices
+
+
+class ModelRunner:
+    """Owns the KV tensors and the step's input buffers, and runs one step of the model."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
+                 max_num_seqs: int | None = None) -> None:
+        """`max_num_seqs` set: on CUDA with the Triton kernel, capture decode CUDA graphs
+        for every padded batch size up to it (unless BATCHLENS_CUDA_GRAPHS=0)."""
         self.model = model
         self.block_size = block_size
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks  # the KV manager's pool
+        self.dummy_block = num_blocks  # one more block in the tensors, for padded rows
         spec = model.spec
         self.num_kv_heads = spec.num_kv_heads
-        self.decode_kernel = native.paged_decode(model.device, model.dtype)
-        self.kv_caches = compute.run(self._allocate, spec, num_blocks, block_size)
+        dev = model.device
+        if dev.type == "cuda":
+            self.decode_kernel = paged_decode.kernel()
+        else:
+            self.decode_kernel = native.paged_decode(dev, model.dtype)
+        self.kv_caches = compute.run(self._allocate, spec, num_blocks + 1, block_size)
+        self.max_blocks = -(-spec.max_position_embeddings // block_size)
+        self.tables = BlockTables(self.max_blocks)
+        self.max_num_seqs = max_num_seqs
+        self.sizes: list[int] = padded_sizes(max_num_seqs) if max_num_seqs else []
+        self.padded_decode = False  # decode-only steps through the padded path
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._buffers: dict[str, torch.Tensor] = {}
+        use_graphs = os.environ.get("BATCHLENS_CUDA_GRAPHS", "1") != "0"
+        if dev.type == "cuda" and self.decode_kernel is not None and self.sizes and use_graphs:
+            compute.run(self.capture_graphs)
 
     def _allocate(
         self, spec: ModelSpec, num_blocks: int, block_size: int
@@ -85,72 +200,85 @@ class ModelRunner:
             for _ in range(spec.num_layers)
         ]
 
-    def _gather_index(self, block_ids: list[int]) -> torch.Tensor:
-        ids = torch.tensor(block_ids, dtype=torch.long)
-        return gather_index(ids, self.num_kv_heads, self.num_blocks).to(self.model.device)
+    def _gather_index(self, block_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        ids = torch.as_tensor(block_ids, dtype=torch.long)
+        return gather_index(ids, self.num_kv_heads, self.num_blocks + 1).to(self.model.device)
 
     def _slots(self, table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
+    # ---- inputs ----------------------------------------------------------------------
+    def decode_rows(
+        self, entries: list[tuple[Sequence, int]], decode: list[int],
+        block_tables: dict[str, list[int]],
+    ) -> DecodeRows:
+        """Tokens, positions, slots, table rows and context lengths of the `decode` entries
+        (indices into `entries`), from the persistent block tables."""
+        bs, bt = self.block_size, self.tables
+        row_of, table_of, copied = bt.row_of, bt.table_of, bt.copied
+        rows, pos, ids, logits_rows, sampled = [], [], [], [], []
+        for j, i in enumerate(decode):
+            seq = entries[i][0]
+            rid = seq.request_id
+            table = block_tables[rid]
+            r = row_of.get(rid)
+            if r is None or table_of[r] is not table or copied[r] != len(table):
+                r = bt.sync(rid, table, block_tables)
+            rows.append(r)
+            p = seq.num_computed_tokens
+            pos.append(p)
+            ids.append(seq.token_at(p))
+            if p + 1 == seq.num_tokens:
+                logits_rows.append(j)
+                sampled.append(i)
+        # vectorised on the host in numpy (a small op costs ~1 us there, ~5 in torch)
+        p_np = np.array(pos, dtype=np.int64)
+        block = p_np // bs
+        tables = bt.array[np.array(rows), : int(block.max()) + 1]
+        slots = tables[np.arange(len(rows)), block].astype(np.int64) * bs + p_np % bs
+        return DecodeRows(torch.tensor(ids), torch.from_numpy(p_np), torch.from_numpy(slots),
+                          torch.from_numpy(tables), torch.from_numpy((p_np + 1).astype(np.int32)),
+                          logits_rows, sampled)
+
     def prepare(
         self, entries: list[tuple[Sequence, int]], block_tables: dict[str, list[int]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[int]]:
-        """Build input ids, positions, attention metadata and the rows to sample.
+        """Build input ids, positions, attention metadata and the rows to sample (eager path).
 
         Returns (input_ids, positions, meta, logits_rows, sampled_entry_indices).
         """
-        bs = self.block_size
-        # decode rows sorted by context length, so similar lengths share a padded group
-        decode = sorted((i for i, (_, n) in enumerate(entries) if n == 1),
-                        key=lambda i: entries[i][0].num_computed_tokens)
+        bs, dev = self.block_size, self.model.device
+        decode = [i for i, (_, n) in enumerate(entries) if n == 1]
         prefill = [i for i, (_, n) in enumerate(entries) if n > 1]
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
+        parts_ids, parts_pos, parts_slots = [], [], []
+        logits_rows: list[int] = []
+        sampled: list[int] = []
+        if decode:
+            if self.decode_kernel is None:
+                # sorted by context length, so similar lengths share a padded group
+                decode.sort(key=lambda i: entries[i][0].num_computed_tokens)
+            d = self.decode_rows(entries, decode, block_tables)
+            parts_ids.append(d.input_ids)
+            parts_pos.append(d.positions)
+            parts_slots.append(d.slots)
+            logits_rows += d.logits_rows
+            sampled += d.sampled
+            if self.decode_kernel is not None:
+                meta.kernel_decode = KernelDecode(self.decode_kernel, d.tables.to(dev),
+                                                  d.context_lens.to(dev))
+            else:
+                self._decode_groups(meta, d)
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        logits_rows: list[int] = []
-        sampled: list[int] = []
-        ctx_lens = []
-        dec_tables = []
-        for i in decode:
-            seq, _ = entries[i]
-            p = seq.num_computed_tokens
-            table = block_tables[seq.request_id]
-            ids.append(seq.token_at(p))
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            ctx_lens.append(p + 1)
-            dec_tables.append(table[: -(-(p + 1) // bs)])
-            if p + 1 == seq.num_tokens:
-                logits_rows.append(len(ids) - 1)
-                sampled.append(i)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
-        dev = self.model.device
-        if self.decode_kernel is not None and dec_tables:
-            width = len(dec_tables[-1])
-            meta.kernel_decode = KernelDecode(
-                self.decode_kernel,
-                torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], dtype=torch.int32),
-                torch.tensor(ctx_lens, dtype=torch.int32))
-            dec_tables = []  # no torch-path groups
-        for start, end in split_by_length([len(t) for t in dec_tables]):
-            tables, lens = dec_tables[start:end], ctx_lens[start:end]
-            max_blocks = len(tables[-1])
-            flat = [b for t in tables for b in t + [0] * (max_blocks - len(t))]
-            pad = torch.arange(max_blocks * bs)[None, :] >= torch.tensor(lens)[:, None]
-            bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))
-            fused = pad.numel() <= SDPA_MAX_KEYS
-            meta.decode_groups.append(DecodeGroup(
-                start, end - start, self._gather_index(flat),
-                bias.view(1, end - start, 1, -1).to(device=dev, dtype=self.model.dtype),
-                fused))
+        row = len(decode)
         for i in prefill:
             seq, n = entries[i]
             start = seq.num_computed_tokens
             table = block_tables[seq.request_id]
-            tokens = seq.token_ids[start : start + n]
-            row = len(ids)
-            ids.extend(tokens)
+            ids.extend(seq.token_ids[start : start + n])
             pos.extend(range(start, start + n))
             slots.extend(self._slots(table, start, start + n))
             ctx = start + n
@@ -159,15 +287,118 @@ class ModelRunner:
             if ctx == seq.num_tokens:
                 logits_rows.append(row + n - 1)
                 sampled.append(i)
-        meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
-        return (
-            torch.tensor(ids, dtype=torch.long, device=dev),
-            torch.tensor(pos, dtype=torch.long, device=dev),
-            meta,
-            torch.tensor(logits_rows, dtype=torch.long, device=dev),
-            sampled,
-        )
+            row += n
+        if prefill:
+            parts_ids.append(torch.tensor(ids))
+            parts_pos.append(torch.tensor(pos))
+            parts_slots.append(torch.tensor(slots))
+        meta.slot_mapping = _cat(parts_slots).to(dev)
+        return (_cat(parts_ids).to(dev), _cat(parts_pos).to(dev), meta,
+                torch.tensor(logits_rows, dtype=torch.long).to(dev), sampled)
 
+    def _decode_groups(self, meta: AttentionMetadata, d: DecodeRows) -> None:
+        """The torch path: decode rows (sorted by length) in groups padded separately."""
+        bs, dev, dtype = self.block_size, self.model.device, self.model.dtype
+        lens = d.context_lens.tolist()
+        for start, end in split_by_length([-(-n // bs) for n in lens]):
+            max_blocks = -(-lens[end - 1] // bs)
+            s = end - start
+            index = self._gather_index(d.tables[start:end, :max_blocks].reshape(-1))
+            keys = torch.arange(max_blocks * bs)
+            pad = keys[None, :] >= d.context_lens[start:end, None]
+            bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))
+            meta.decode_groups.append(DecodeGroup(
+                start, s, index, bias.view(1, s, 1, -1).to(device=dev, dtype=dtype),
+                pad.numel() <= SDPA_MAX_KEYS))
+
+    # ---- the padded decode path (CUDA graphs) --------------------------------------------
+    def _padded_kernel(self) -> paged_decode.PagedDecode:
+        return self.decode_kernel or paged_decode.reference
+
+    def _padded_buffers(self) -> dict[str, torch.Tensor]:
+        """Fixed input buffers for the largest padded batch (and host staging copies)."""
+        if not self._buffers:
+            p, dev = self.sizes[-1], self.model.device
+            pin = dev.type == "cuda"
+            self._buffers = {
+                "stage": torch.zeros(4, p, dtype=torch.long, pin_memory=pin),
+                "stage_tables": torch.zeros(p, self.max_blocks, dtype=torch.int32,
+                                            pin_memory=pin),
+                "inputs": torch.zeros(4, p, dtype=torch.long, device=dev),
+                "context_lens": torch.ones(p, dtype=torch.int32, device=dev),
+                "tables": torch.full((p, self.max_blocks), self.dummy_block,
+                                     dtype=torch.int32, device=dev),
+                "rows": torch.arange(p, device=dev),
+            }
+        return self._buffers
+
+    def _padded_forward(self, size: int, width: int) -> torch.Tensor:
+        """The model on the first `size` rows of the buffers (what a graph captures)."""
+        b = self._buffers
+        kd = KernelDecode(self._padded_kernel(), b["tables"][:size, :width],
+                          b["context_lens"][:size])
+        meta = AttentionMetadata(slot_mapping=b["inputs"][2, :size], kernel_decode=kd)
+        return self.model.forward(b["inputs"][0, :size], b["inputs"][1, :size], meta,
+                                  self.kv_caches, b["rows"][:size])
+
+    def _fill_padded(self, d: DecodeRows, size: int, width: int) -> None:
+        """Copy a step's decode rows into the buffers; rows past them are padding."""
+        b = self._padded_buffers()
+        s, w = d.input_ids.shape[0], d.tables.shape[1]
+        stage, stage_tables = b["stage"], b["stage_tables"]
+        stage[0, :s], stage[1, :s], stage[2, :s] = d.input_ids, d.positions, d.slots
+        stage[3, :s] = d.context_lens
+        stage[:2, s:size] = 0
+        stage[2, s:size] = self.dummy_block * self.block_size
+        stage[3, s:size] = 1
+        stage_tables[:s, :w] = d.tables
+        stage_tables[s:size, 0] = self.dummy_block
+        b["inputs"].copy_(stage, non_blocking=True)  # contiguous: one copy (rows past size unused)
+        b["context_lens"][:size].copy_(b["inputs"][3, :size])
+        b["tables"][:size, :width].copy_(stage_tables[:size, :width], non_blocking=True)
+
+    def padded_step(self, d: DecodeRows) -> torch.Tensor:
+        """Run decode rows as a padded batch (graph replay where captured); logits of
+        `d.logits_rows`."""
+        s = d.input_ids.shape[0]
+        size = self.sizes[bisect.bisect_left(self.sizes, s)]
+        graph = self.graphs.get(size)
+        width = self.max_blocks if graph else d.tables.shape[1]
+        self._fill_padded(d, size, width)
+        if graph is not None:
+            graph[0].replay()
+            logits = graph[1]
+        else:
+            logits = self._padded_forward(size, width)
+        if len(d.logits_rows) == s:
+            return logits[:s]
+        return logits[torch.tensor(d.logits_rows, device=logits.device)]
+
+    def capture_graphs(self) -> None:
+        """Capture one CUDA graph per padded size, largest first, sharing one memory pool,
+        after warm-up runs (which also compile the Triton kernel). All rows are padding
+        while capturing: only the dummy block is written."""
+        b = self._padded_buffers()
+        b["inputs"][2].fill_(self.dummy_block * self.block_size)
+        b["tables"].fill_(self.dummy_block)
+        b["context_lens"].fill_(1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_STEPS):
+                for size in self.sizes:  # every shape once: kernels chosen before capture
+                    self._padded_forward(size, self.max_blocks)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                out = self._padded_forward(size, self.max_blocks)
+            self.graphs[size] = (graph, out)
+        torch.cuda.synchronize()
+        self.padded_decode = True
+
+    # ---- one step ------------------------------------------------------------------------
     def execute(
         self,
         entries: list[tuple[Sequence, int]],
@@ -178,11 +409,25 @@ class ModelRunner:
         requests whose last token was computed."""
 
         def step() -> dict[int, int]:
-            ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
-            logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
-            params = [entries[i][0].params for i in sampled]
-            gens = [generators.get(entries[i][0].request_id) for i in sampled]
-            tokens = sample(logits, params, gens)
+            if (self.padded_decode and self.sizes and len(entries) <= self.sizes[-1]
+                    and all(n == 1 for _, n in entries)):
+                d = self.decode_rows(entries, list(range(len(entries))), block_tables)
+                logits, sampled = self.padded_step(d), d.sampled
+            else:
+                ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
+                logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
+            seqs = [entries[i][0] for i in sampled]
+            if any(not s.params.greedy for s in seqs):
+                gens = [generators.get(s.request_id) for s in seqs]
+                tokens = sample(logits, [s.params for s in seqs], gens)
+            else:  # every request greedy: one argmax, one copy
+                tokens = logits.argmax(dim=-1).tolist()
             return dict(zip(sampled, tokens, strict=True))
 
         return compute.run(step)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    if not parts:
+        return torch.empty(0, dtype=torch.long)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -1,8 +1,15 @@
-"""Token sampling for a batch with per-request parameters.
+"""Token sampling for a whole batch on the logits' device, with per-request parameters.
 
-Greedy rows take one batched argmax. Sampled rows apply temperature, top-k and top-p and
-draw with the request's own `torch.Generator`, so the same seed gives the same output
-whatever else shares the batch.
+Greedy rows take one batched argmax. Sampled rows apply temperature, top-k and top-p as
+tensor ops over all of them at once, then draw by the exponential race (argmax of
+probs / E with E ~ Exp(1), which picks token i with probability probs[i]). The only
+device->host copy is the final `.tolist()` of the chosen ids.
+
+Reproducibility: each sampled request keeps its own CPU `torch.Generator` (seeded when
+the request gives a seed). For every token it draws one 63-bit number from it (a CPU op,
+no device sync), and that number seeds the device generator that fills the row's noise.
+So a row's draws depend only on its own generator and its own logits, never on which
+other requests share the batch, and the same seed gives the same tokens on the same device.
 """
 
 from __future__ import annotations
@@ -26,18 +33,41 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) on one row of float32 logits."""
-    logits = logits / params.temperature
-    if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the tokens ranked above it already reach top_p
-        drop = probs.cumsum(-1) - probs >= params.top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
-    return logits
+    return filter_batch(logits[None], [params])[0]
+
+
+def filter_batch(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, then top-p on [R, vocab] float32 logits, one params per
+    row, as tensor ops for all rows at once; filtered-out tokens get -inf."""
+    dev, vocab = logits.device, logits.shape[-1]
+    temps = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
+    x = logits / temps[:, None]
+    if all(not (0 < p.top_k < vocab) and p.top_p >= 1.0 for p in params):
+        return x
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+                         device=dev)
+    # 2.0: a row without top-p never drops a token (cumulative sums stay below it)
+    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=dev)
+    ranked, order = torch.sort(x, dim=-1, descending=True)
+    kth = ranked.gather(1, (top_k - 1)[:, None])
+    ranked = ranked.masked_fill(ranked < kth, float("-inf"))
+    probs = torch.softmax(ranked, dim=-1)
+    # drop a token when the tokens ranked above it already reach top_p
+    drop = probs.cumsum(-1) - probs >= top_p[:, None]
+    ranked = ranked.masked_fill(drop, float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, ranked)
+
+
+_device_generators: dict[torch.device, torch.Generator] = {}
+
+
+def _row_generator(device: torch.device, seed: int) -> torch.Generator:
+    """The device's noise generator, reseeded for one row (a kernel already queued keeps
+    the seed it was launched with, so reseeding for the next row is safe)."""
+    gen = _device_generators.get(device)
+    if gen is None:
+        gen = _device_generators[device] = torch.Generator(device=device)
+    return gen.manual_seed(seed)
 
 
 def sample(
@@ -45,12 +75,17 @@ def sample(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> list[int]:
-    """One token per row of `logits` ([R, vocab], float32)."""
-    out = logits.argmax(dim=-1).tolist()
-    for i, p in enumerate(params):
-        if p.greedy:
-            continue
-        row = filter_logits(logits[i].cpu(), p)
-        probs = torch.softmax(row, dim=-1)
-        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
-    return out
+    """One token per row of `logits` ([R, vocab], float32), on the logits' device."""
+    chosen = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return chosen.tolist()
+    dev = logits.device
+    index = torch.tensor(rows, device=dev)
+    probs = torch.softmax(filter_batch(logits.index_select(0, index), [params[i] for i in rows]),
+                          dim=-1)
+    noise = torch.empty_like(probs)
+    for j, i in enumerate(rows):
+        seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generators[i]))
+        noise[j].exponential_(generator=_row_generator(dev, seed))
+    return chosen.index_copy(0, index, (probs / noise).argmax(dim=-1)).tolist()

@@ -21,7 +21,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # one object per request: compared by identity (fast `in` / `remove`)
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]
@@ -35,6 +35,7 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     cancel_requested: bool = False
+    _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -42,7 +43,14 @@ class Sequence:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """Prompt then output ids: one list, extended by the new outputs on each read
+        instead of rebuilt (a step reads it for every request). Read it; never change it."""
+        ids, n = self._all_token_ids, len(self.prompt_token_ids)
+        if not ids:
+            ids.extend(self.prompt_token_ids)
+        if len(ids) < n + len(self.output_token_ids):
+            ids.extend(self.output_token_ids[len(ids) - n :])
+        return ids
 
     def token_at(self, i: int) -> int:
         n = len(self.prompt_token_ids)

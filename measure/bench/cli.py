@@ -1,9 +1,10 @@
 """Benchmark: this engine against transformers on the same requests, in one run.
 
 `python -m measure.bench [--quick] [--only engine,hf_static] [--json PATH]` prints output
-tokens/s and TTFT/TPOT p50/p99 per run, then the ratios. Every request of a run arrives at
-the run's start (all submitted at once), greedy, EOS ignored; all latency figures come from
-`engine.metrics.summarize` over `RequestMetrics` built from `time.monotonic()` stamps.
+tokens/s and TTFT/TPOT p50/p99 per run, then the ratios; `--host-overhead` instead times
+the engine loop around a stand-in model (`measure.bench.host`). Every request of a run
+arrives at the run's start (all submitted at once), greedy, EOS ignored; all latency figures
+come from `engine.metrics.summarize` over `RequestMetrics` built from `time.monotonic()` stamps.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     " quick 1,8,16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--host-overhead", action="store_true",
+                    help="host time per engine step with a stand-in model that returns at "
+                    "once, at 1,64,256,1024 decoding requests (--concurrency overrides)")
     ap.add_argument("--report", metavar="PATH", nargs="+",
                     help="print the table of saved --json files (runs merged) and exit")
     return ap
@@ -63,6 +67,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
         ap.error(f"--concurrency: expected numbers like 1,8,64, got {a.concurrency!r}")
     if min(conc) < 1:
         ap.error("--concurrency values must be >= 1")
+    a.host_sizes = sorted(set(conc))  # --host-overhead: not capped by --requests
     a.conc = sorted({min(c, a.n) for c in conc})
     return a
 
@@ -83,6 +88,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if a.report:
         print(report_saved(a.report))
         return 0
+    if a.host_overhead:
+        from measure.bench import host
+
+        sizes = tuple(a.host_sizes) if a.concurrency else host.HOST_SIZES
+        return host.main(sizes, a.device, a.dtype, a.json, model=a.model)
     if a.threads:
         torch.set_num_threads(a.threads)
     import transformers

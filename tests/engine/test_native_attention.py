@@ -103,8 +103,10 @@ def test_engine_decode_logits_match_the_torch_path():
 
             def record(ids, pos, meta, caches, rows, _fwd=forward, _seen=seen):
                 logits = _fwd(ids, pos, meta, caches, rows)
-                if not meta.prefills:  # a decode-only step
-                    _seen.append((meta.kernel_decode is not None, logits.clone()))
+                if not meta.prefills:  # a decode-only step; rows ordered by position (the
+                    # torch path sorts them by context length, the kernel path does not)
+                    order = pos[rows].argsort()
+                    _seen.append((meta.kernel_decode is not None, logits[order].clone()))
                 return logits
 
             runner.model.forward = record

@@ -8,7 +8,7 @@ import math
 import torch
 
 from engine.config import SamplingParams
-from engine.sampler import filter_logits, make_generator, sample
+from engine.sampler import filter_batch, filter_logits, make_generator, sample
 
 # token probabilities 0.15, 0.5, 0.05, 0.3: ranked 1 > 3 > 0 > 2 (not in index order, so
 # top-p's sort and scatter back are exercised)
@@ -94,3 +94,49 @@ def test_a_seeded_row_draws_the_same_alone_or_in_a_batch() -> None:
 def test_an_unseeded_sampled_request_gets_its_own_generator() -> None:
     g = make_generator(SamplingParams(temperature=1.0))
     assert isinstance(g, torch.Generator) and g.device.type == "cpu"
+
+
+MIXED = [SamplingParams(), SamplingParams(temperature=1.0, top_k=2, seed=1),
+         SamplingParams(temperature=1.0, top_p=0.7, seed=2),
+         SamplingParams(temperature=0.7, top_k=3, top_p=0.9, seed=3)]
+
+
+def test_filter_batch_equals_filter_logits_row_by_row() -> None:
+    logits = torch.randn(len(MIXED), 50, generator=torch.Generator().manual_seed(4))
+    batched = filter_batch(logits, MIXED)
+    for i, p in enumerate(MIXED):
+        torch.testing.assert_close(batched[i], filter_logits(logits[i], p))
+
+
+def test_each_row_of_a_mixed_batch_keeps_its_own_parameters() -> None:
+    rows = torch.stack([LOGITS, LOGITS, LOGITS, LOGITS])
+    gens = [make_generator(p) for p in MIXED]
+    seen: list[set[int]] = [set(), set(), set(), set()]
+    for _ in range(300):
+        for i, tok in enumerate(sample(rows, MIXED, gens)):
+            seen[i].add(tok)
+    # greedy: the argmax; top-k 2: the two most likely; top-p 0.7: {1, 3} (0.5 + 0.3);
+    # temperature 0.7 sharpens to ~0.59/0.28/0.11/0.02 (tokens 1, 3, 0, 2): top-k 3 drops
+    # token 2, and top-p 0.9 keeps the other three (0.60 + 0.29 < 0.9 before token 0)
+    assert seen == [{1}, {1, 3}, {1, 3}, {0, 1, 3}]
+
+
+def test_a_seeded_row_draws_the_same_beside_any_other_rows() -> None:
+    logits = torch.randn(100, generator=torch.Generator().manual_seed(5))
+    p = SamplingParams(temperature=1.0, top_p=0.95, seed=21)
+    alone = draws(logits, p, n=30)
+    g = make_generator(p)
+    others = [SamplingParams(), SamplingParams(temperature=1.0, top_k=5, seed=1)]
+    other_gens = [None, make_generator(others[1])]
+    mixed = []
+    for step in range(30):
+        noise = torch.randn(2, 100, generator=torch.Generator().manual_seed(step))
+        batch = torch.cat([noise, logits[None]])  # the seeded row last, others vary
+        mixed.append(sample(batch, [*others, p], [*other_gens, g])[2])
+    assert mixed == alone
+
+
+def test_a_vanishing_temperature_is_greedy_not_an_overflow():
+    assert SamplingParams(temperature=5e-324).greedy
+    assert SamplingParams(temperature=0.0).greedy
+    assert not SamplingParams(temperature=1e-3).greedy
