@@ -1,11 +1,13 @@
 """The `batchlens` command: one entry for everything that runs from a terminal.
 
     batchlens bench [...]            the engine against transformers and the local PC
+    batchlens bench --host-overhead  host time per engine step around a stand-in model
     batchlens bench api [...]        the same requests over the API and in-process
     batchlens bench serve [...]      a load generator for any OpenAI-compatible server
     batchlens sweep [...]            the load sweep: 1 to 64 users on both sides
     batchlens scenario [NAME] [...]  a scripted scenario with prefix caching on, then off
     batchlens race [...]             one race, headless: the arena page's numbers
+    batchlens soak --minutes N       races and API streams against a local server for N min
 
 Each command's module is imported only when it runs, so `batchlens --help` is instant.
 """
@@ -21,12 +23,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("measure.bench.cli",
               "the engine against transformers and the local PC on one request mix "
               "(`bench api`: over the API vs in-process; `bench serve`: load any "
-              "OpenAI-compatible server)"),
+              "OpenAI-compatible server; `bench --host-overhead`: the engine loop's own "
+              "cost per step)"),
     "sweep": ("workloads.sweep", "the load sweep: throughput and latency from 1 to 64 users"),
     "scenario": ("workloads.scenarios",
                  "a scripted scenario, with prefix caching on and then off"),
     "race": ("workloads.race", "one race headless: the same prompts on both sides"),
     "serve": ("server.cli", "the OpenAI-compatible API alone, without the dashboard"),
+    "soak": ("measure.soak", "minutes of races and API streams against a server on "
+             "127.0.0.1: errors, TTFT, KV blocks held at the end, server RSS"),
 }
 
 

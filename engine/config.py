@@ -21,6 +21,9 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> N
         raise ValueError(f"{name} must be >= {low}{upper}, got {value}")
 
 
+GREEDY_EPS = 1e-5
+
+
 @dataclass
 class EngineConfig:
     """Settings of the datacenter engine.
@@ -29,6 +32,10 @@ class EngineConfig:
     num_kv_blocks: size of the KV pool in blocks; None sizes it by `kv_cache_memory_gb`.
     kv_cache_memory_gb: memory budget for the KV pool when `num_kv_blocks` is None;
         None picks a default (1 GiB on CPU, 40% of free memory on CUDA).
+    max_prefill_attention: cap on a prefill chunk's tokens x the context it attends to
+        (tokens already computed), so that one step of a long prompt stays short and a
+        cancel (Stop, a closed tab, a dropped HTTP client) takes effect within a step;
+        a chunk is never cut below `MIN_PREFILL_CHUNK` tokens. None: no cap.
     """
 
     model: str | None = None
@@ -39,6 +46,7 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    max_prefill_attention: int | None = 512 * 1024
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     num_threads: int | None = None
@@ -59,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         _check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_prefill_attention is not None:
+            _check_int("max_prefill_attention", self.max_prefill_attention, 1)
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, 2)
         if self.num_threads is not None:
@@ -102,4 +112,6 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or so close to it (< 1e-5, as vLLM) that dividing the logits by
+        it would overflow: both sample the argmax."""
+        return self.temperature < GREEDY_EPS

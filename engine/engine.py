@@ -5,6 +5,16 @@ requests at once.
 requests and cancels into the `EngineCore` and steps it (schedule and update under the
 state lock, the model's execute outside it); `stats()` returns a copy of a lock-protected
 snapshot. The engine thread never touches any UI.
+
+Cancels are applied between steps, so a cancelled request's blocks are free one step
+after `cancel()` at most, even mid-prefill (a long prompt is prefilled in chunks of at
+most `max_num_batched_tokens` tokens, one chunk per step).
+
+Faults. An exception in the model's step fails only that step's requests (`EngineCore`);
+the loop goes on. An exception anywhere else in the loop leaves the core's state unknown:
+the loop stops, every request in flight ends with finish reason "error" naming the
+failure, new submissions are refused, `stopped_reason` (and `ServingStats.stopped`) says
+why, and `restart()` starts a fresh loop on the same weights and KV tensors.
 """
 
 from __future__ import annotations
@@ -17,15 +27,17 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, Request, RequestUpdate, StepStats
-from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
+from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats, check_pool_memory
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.serving import ALL_STEPS, ServingBase, ServingStats, check_fit
+from engine.stopping import make_output
 
 DEFAULT_CPU_KV_GB = 1.0
 DEFAULT_GPU_KV_FRACTION = 0.4
+LOOP_THREAD = "batchlens-engine"
 
 __all__ = ["Engine", "StepStats"]
 
@@ -50,16 +62,21 @@ class Engine(ServingBase):
                 f"num_kv_blocks: a pool of {num_blocks} x {config.block_size} tokens is too "
                 "small for one request (needs >= 2 token slots)"
             )
+        check_pool_memory(num_blocks, config.block_size,  # refuse before allocating
+                          spec.kv_bytes_per_token(self.loaded.model.dtype),
+                          str(self.loaded.model.device))
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.loaded.model, num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_prefill_attention)
+        self.runner = ModelRunner(self.loaded.model, num_blocks, config.block_size,
+                                  max_num_seqs=config.max_num_seqs)
         self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
                                self.loaded.eos_token_ids, self.max_model_len)
         self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
         self._inbox: list[Request] = []
         self._state_lock = threading.Lock()
         self._finish_listeners: list[Callable[[RequestOutput], None]] = []
-        self._start_loop(self._loop, "batchlens-engine")
+        self._start_loop(self._run_loop, LOOP_THREAD)
 
     # ---- set-up --------------------------------------------------------------------
     def _blocks_for_budget(self) -> int:
@@ -107,6 +124,7 @@ class Engine(ServingBase):
                 num_steps=core.num_steps,
                 kv=kv,
                 recent_steps=self._steps_after(steps_after),
+                stopped=self.stopped_reason,
             )
 
     def _steps_after(self, after: float | None) -> tuple[StepStats, ...]:
@@ -132,6 +150,43 @@ class Engine(ServingBase):
         with self._state_lock:
             return self.kv.snapshot(), self.kv.stats()
 
+    @property
+    def stopped_reason(self) -> str | None:
+        """None while the step loop serves; else why not ("shut down", or its failure)."""
+        if self._stopped:
+            return self._stop_reason
+        return None if self._thread.is_alive() else "stopped: the engine loop has ended"
+
+    def restart(self) -> bool:
+        """Start the step loop again once it has stopped (a failure, or `shutdown`): fresh
+        scheduler and block bookkeeping on the same weights and KV tensors, the counters
+        and the step timeline kept. False, doing nothing, while the loop still runs. Every
+        request that was in flight has ended already."""
+        with self._cond:
+            if self._thread.is_alive():
+                return False
+        self._fail_all("the engine was restarted")  # none are left; in case one slipped in
+        cfg = self.config
+        with self._state_lock:
+            old = self.core
+            self.kv = KVCacheManager(self.kv.num_blocks, self.kv.block_size,
+                                     cfg.enable_prefix_caching)
+            self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                       cfg.max_prefill_attention)
+            self.scheduler.num_preemptions = old.scheduler.num_preemptions
+            self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
+                                   self.loaded.eos_token_ids, self.max_model_len)
+            self.core.steps = old.steps
+            self.core.num_steps, self.core.num_finished, self.core.num_output_tokens = (
+                old.num_steps, old.num_finished, old.num_output_tokens)
+        with self._cond:
+            self._stopped, self._stop_reason = False, ServingBase._stop_reason
+            self._cancels.clear()
+            self._thread = threading.Thread(target=self._run_loop, name=LOOP_THREAD,
+                                            daemon=True)
+            self._thread.start()
+        return True
+
     def shutdown(self) -> None:
         """Stop the step loop; unfinished requests end as cancelled."""
         self._stop_loop()
@@ -152,6 +207,41 @@ class Engine(ServingBase):
         check_fit(len(token_ids), p.max_tokens, limit, where)
 
     # ---- the step loop -------------------------------------------------------------
+    def _run_loop(self) -> None:
+        """The loop; a failure outside a model step stops it (see the module's notes)."""
+        try:
+            self._loop()
+        except Exception as exc:
+            traceback.print_exc()
+            reason = f"stopped: the engine loop failed ({type(exc).__name__}: {exc})"
+            with self._cond:
+                self._stopped, self._stop_reason = True, reason
+            self._fail_all(reason)
+
+    def _fail_all(self, reason: str) -> None:
+        """End every request still queued or in the core with finish reason "error" and
+        `reason`; free their blocks where the core's state allows."""
+        with self._cond, self._state_lock:
+            requests, self._inbox = self._inbox, []
+            self._cancels.clear()
+            requests += list(self.core.requests.values())
+        updates = []
+        for request in requests:
+            update = None
+            with self._state_lock:
+                try:
+                    update = self.core.abort(request.request_id)
+                except Exception:  # the core's state is broken: end the request as it is
+                    self.core.requests.pop(request.request_id, None)
+            if update is None or update.output is None:
+                seq = request.seq
+                update = RequestUpdate(request, "", len(seq.output_token_ids),
+                                       make_output(seq, request.detok, "error", reason))
+            update.output.finish_reason, update.output.error = "error", reason
+            update.request.seq.finish_reason, update.request.seq.error = "error", reason
+            updates.append(update)
+        self._stream(updates)
+
     def _loop(self) -> None:
         core = self.core
         while True:

@@ -16,6 +16,17 @@ from dataclasses import dataclass, field
 from engine.kv_cache import KVCacheManager
 from engine.sequence import Sequence, Status
 
+MIN_PREFILL_CHUNK = 32
+
+
+def prefill_chunk_cap(computed: int, max_attention: int | None) -> int | None:
+    """The most prompt tokens one step may prefill for a request with `computed` tokens
+    already in the KV cache: a chunk's attention work grows with chunk x context, so long
+    contexts get shorter chunks (never below `MIN_PREFILL_CHUNK`). None: no cap."""
+    if max_attention is None:
+        return None
+    return max(MIN_PREFILL_CHUNK, max_attention // max(computed, 1))
+
 
 @dataclass
 class ScheduledBatch:
@@ -23,6 +34,7 @@ class ScheduledBatch:
 
     entries: list[tuple[Sequence, int]] = field(default_factory=list)
     num_preempted: int = 0
+    num_admitted: int = 0  # the last entries came from the waiting queue in this step
 
     @property
     def num_tokens(self) -> int:
@@ -35,14 +47,21 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(
-        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int
+        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+        max_prefill_attention: int | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_attention = max_prefill_attention
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # While requests run, admit waiting ones only once this many slots are free (or
+        # every waiting one fits): 1 admits at once. Where decode steps replay a CUDA graph
+        # and any step with a prompt runs eagerly, admitting in waves keeps most steps
+        # decode-only (the core sets it; see EngineCore).
+        self.min_admit_slots = 1
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -54,26 +73,37 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        scheduled: set[str] = set()
+        entries, running = batch.entries, self.running
+        tables, bs = self.kv.block_tables, self.kv.block_size
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_remaining, budget)
-            while not self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                batch.num_preempted += 1
-                if victim is seq:
-                    n = 0
-                    break
-            if n == 0:
-                break  # seq itself was preempted (it was the newest)
-            batch.entries.append((seq, n))
-            scheduled.add(seq.request_id)
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed_tokens
+            n = min(seq.num_tokens - computed, budget)
+            cap = prefill_chunk_cap(computed, self.max_prefill_attention)
+            if cap is not None and n > cap:
+                n = cap
+            table = tables.get(seq.request_id)
+            # most decode steps fit the blocks a request holds (it needs a new one every
+            # block_size tokens): only ask the KV manager when they do not
+            if table is None or len(table) * bs < computed + n:
+                while not self.kv.allocate(seq.request_id, computed + n):
+                    victim = running[-1]
+                    self._preempt(victim)
+                    batch.num_preempted += 1
+                    if victim is seq:
+                        n = 0
+                        break
+                if n == 0:
+                    break  # seq itself was preempted (it was the newest)
+            entries.append((seq, n))
             budget -= n
             i += 1
         if batch.num_preempted:
             return batch  # no admissions in a step that had to preempt
+        free = self.max_num_seqs - len(self.running)
+        if entries and free < min(self.min_admit_slots, len(self.waiting)):
+            return batch  # wait until a wave of requests can be admitted together
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits: list[int] = []
@@ -81,6 +111,9 @@ class Scheduler:
                 hits = self.kv.find_cached_prefix(seq.token_ids)
             num_cached = len(hits) * self.kv.block_size
             n = min(seq.num_tokens - num_cached, budget)
+            cap = prefill_chunk_cap(num_cached, self.max_prefill_attention)
+            if cap is not None and n > cap:
+                n = cap
             if not self.kv.allocate(seq.request_id, num_cached + n, hits):
                 break
             self.kv.record_prefix_lookup(seq.num_tokens, num_cached)
@@ -90,6 +123,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             batch.entries.append((seq, n))
+            batch.num_admitted += 1
             budget -= n
         return batch
 

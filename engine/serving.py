@@ -40,6 +40,12 @@ GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005")
 ALL_STEPS = float("-inf")
 
 
+def busy_message(num_waiting: int) -> str:
+    """What a refused request is told when the waiting queue is past its cap: the API's 429
+    and the pages' refusals share this wording."""
+    return f"busy: {num_waiting} waiting"
+
+
 def check_fit(n: int, max_tokens: int, limit: int, where: str) -> None:
     """Raise `ValueError` naming the field and the allowed range when a prompt of `n`
     tokens plus `max_tokens` does not fit `limit` tokens (`where`: "KV pool", ...)."""
@@ -79,6 +85,7 @@ class ServingStats:
     recent_steps: tuple[StepStats, ...] = ()
     n_ctx: int | None = None
     emulated: str | None = None
+    stopped: str | None = None  # why the side no longer serves (None: it serves)
 
 
 class ServingSide(Protocol):
@@ -113,6 +120,7 @@ class ServingBase:
     _thread: threading.Thread
     _ids: itertools.count
     _id_prefix = "req"
+    _stop_reason = "shut down"  # why `_stopped` is set: shut down, or the loop's failure
 
     def _model_figures(self) -> dict[str, str]:
         """The model, device and dtype fields of `ServingStats`."""
@@ -170,7 +178,7 @@ class ServingBase:
         handles = []
         with self._cond:
             if self._stopped:
-                raise RuntimeError(f"{type(self).__name__} is shut down")
+                raise RuntimeError(f"{type(self).__name__} is {self._stop_reason}")
             now = time.monotonic()
             for seq in seqs:
                 seq.metrics.arrival_time = now

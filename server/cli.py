@@ -1,10 +1,12 @@
 """`batchlens serve`: the OpenAI-compatible API alone, without the dashboard.
 
-    batchlens serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine flags]
+    batchlens serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-waiting N]
+        [--requests-per-minute N] [--tokens-per-minute N] [engine flags]
 
 One engine is built at start (the model loads once) and serves every request; the API key
-comes from `--api-key` or the environment variable BATCHLENS_API_KEY (none: no auth).
-Prometheus metrics are served at /metrics.
+comes from `--api-key` or the environment variable BATCHLENS_API_KEY (none: no auth;
+several keys separated by commas). Rate limits are per key, or per client address without
+one. Prometheus metrics are served at /metrics.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     f"(default: ${API_KEY_ENV}, else none)")
     ap.add_argument("--max-waiting", type=int, default=256,
                     help="refuse requests (429) while this many wait (default: %(default)s)")
+    ap.add_argument("--requests-per-minute", type=int,
+                    help="per API key (or client address): 429 past it (default: no limit)")
+    ap.add_argument("--tokens-per-minute", type=int,
+                    help="prompt + output tokens per API key (or client address) per minute "
+                    "(default: no limit)")
     ap.add_argument("--log-level", default="info",
                     choices=("critical", "error", "warning", "info", "debug"))
     eng = ap.add_argument_group("engine")
@@ -78,6 +85,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = ap.parse_args(argv)
     if args.max_waiting < 0:
         ap.error("--max-waiting must be >= 0")
+    for flag in ("requests_per_minute", "tokens_per_minute"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1")
     try:
         config = engine_config(args)
     except ValueError as exc:
@@ -96,9 +106,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         print(f"{prog}: {engine.loaded.name} on {stats.device} ({stats.dtype}), "
               f"{engine.kv.num_blocks} KV blocks of {config.block_size} tokens; "
               f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+        key = args.api_key or os.environ.get(API_KEY_ENV) or ""
         routes = api_routes(lambda: engine, model_name=engine.loaded.name,
-                            api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-                            max_waiting=args.max_waiting, metrics=metrics_for(engine))
+                            api_key=[k.strip() for k in key.split(",") if k.strip()],
+                            max_waiting=args.max_waiting,
+                            requests_per_minute=args.requests_per_minute,
+                            tokens_per_minute=args.tokens_per_minute,
+                            metrics=metrics_for(engine))
         uvicorn.run(Starlette(routes=routes), host=args.host, port=args.port,
                     log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:

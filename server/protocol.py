@@ -15,6 +15,11 @@ rest of the context; here it is `CHAT_DEFAULT_MAX_TOKENS` (256), because a small
 to ramble to the end of an 8k context holds its KV blocks for minutes of a shared engine.
 Either default is cut to what the context leaves after the prompt
 (`fit_default_max_tokens`); a `max_tokens` the client sent is never cut.
+
+Hostile input is refused here with a 400, never reaching the engine as something that
+could fail a whole step: text with a lone surrogate (valid JSON, not valid Unicode); a
+temperature below `GREEDY_EPS` is greedy, as vLLM's, since dividing logits by a
+denormal gives infinities. A value quoted back in a message is clipped (`shown`).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import reprlib
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import SamplingParams
+from engine.config import GREEDY_EPS, SamplingParams
 from engine.models.loaded import Prompt
 from server.errors import APIError, bad_request, error_body
 
@@ -35,6 +41,10 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 CHAT_DEFAULT_MAX_TOKENS = 256
 FINISH_REASONS = ("stop", "length")  # the engine's other endings are errors on the wire
 SSE_DONE = "data: [DONE]\n\n"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 60, 60
+_SHOWN.maxlist = _SHOWN.maxdict = 4
 
 Body = dict[str, Any]
 
@@ -98,9 +108,10 @@ def check_model(body: Body, model_name: str) -> None:
     if model is None:
         return
     if not isinstance(model, str):
-        raise bad_request(f"model must be a string, got {model!r}", "model")
+        raise bad_request(f"model must be a string, got {shown(model)}", "model")
     if model != model_name:
-        raise APIError(404, f"The model `{model}` does not exist; this server serves "
+        clipped = model if len(model) <= 80 else model[:80] + "..."
+        raise APIError(404, f"The model `{clipped}` does not exist; this server serves "
                        f"`{model_name}` (GET /v1/models)", param="model",
                        code="model_not_found")
 
@@ -126,7 +137,7 @@ def _request(body: Body, prompt: Prompt, *, chat: bool,
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise bad_request(f"stream_options must be an object, got {options!r}",
+        raise bad_request(f"stream_options must be an object, got {shown(options)}",
                           "stream_options")
     include_usage = _bool(options or {}, "include_usage", False, "stream_options.include_usage")
     max_tokens_param = next((f for f in max_tokens_fields if body.get(f) is not None), None)
@@ -135,9 +146,10 @@ def _request(body: Body, prompt: Prompt, *, chat: bool,
     max_tokens = (_int(body, max_tokens_param, 0) if max_tokens_param
                   else max(default, min_tokens))
     top_k = _int(body, "top_k", 0)
+    temperature = _number(body, "temperature", 1.0)
     fields = {
         "max_tokens": max_tokens,
-        "temperature": _number(body, "temperature", 1.0),
+        "temperature": 0.0 if 0 <= temperature < GREEDY_EPS else temperature,
         "top_p": _number(body, "top_p", 1.0),
         "top_k": 0 if top_k == -1 else top_k,  # vLLM's -1: no top-k
         "seed": _int(body, "seed", None),
@@ -154,6 +166,20 @@ def _request(body: Body, prompt: Prompt, *, chat: bool,
                              n=n, chat=chat, max_tokens_param=max_tokens_param)
 
 
+def shown(value: Any) -> str:
+    """`repr(value)` clipped for a message (long strings, deep or long lists shortened)."""
+    return _SHOWN.repr(value)
+
+
+def _check_unicode(text: str, param: str) -> str:
+    """`text` if it is valid Unicode; else a 400: JSON's \\ud800 escapes decode to lone
+    surrogates, which no tokenizer or UTF-8 encoder takes."""
+    if _SURROGATE.search(text):
+        raise bad_request(f"{param}: the text holds a lone surrogate (not valid Unicode)",
+                          param)
+    return text
+
+
 def _completion_prompt(prompt: Any) -> Prompt:
     """Text or token ids; a list holding one of those is taken as that one prompt."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -163,7 +189,7 @@ def _completion_prompt(prompt: Any) -> Prompt:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise bad_request("prompt must not be empty", "prompt")
-        return prompt
+        return _check_unicode(prompt, "prompt")
     if isinstance(prompt, list):
         if not prompt:
             raise bad_request("prompt must not be empty", "prompt")
@@ -187,7 +213,8 @@ def _messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string role",
                               "messages")
-        out.append({"role": m["role"], "content": _content(m.get("content"), i)})
+        out.append({"role": _check_unicode(m["role"], "messages"),
+                    "content": _check_unicode(_content(m.get("content"), i), "messages")})
     if not any(m["content"].strip() for m in out):
         raise bad_request("messages must not be empty (every content is blank)", "messages")
     return out
@@ -216,7 +243,7 @@ def _int(body: Body, name: str, default: int | None) -> int | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise bad_request(f"{name} must be an integer, got {value!r}", name)
+        raise bad_request(f"{name} must be an integer, got {shown(value)}", name)
     return value
 
 
@@ -225,7 +252,7 @@ def _number(body: Body, name: str, default: float) -> float:
     if value is None:
         return default
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise bad_request(f"{name} must be a number, got {value!r}", name)
+        raise bad_request(f"{name} must be a number, got {shown(value)}", name)
     return float(value)
 
 
@@ -234,7 +261,7 @@ def _bool(body: Body, name: str, default: bool, param: str | None = None) -> boo
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"{param or name} must be true or false, got {value!r}",
+        raise bad_request(f"{param or name} must be true or false, got {shown(value)}",
                           param or name)
     return value
 
@@ -246,7 +273,7 @@ def _stop(stop: Any) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise bad_request("stop must be a non-empty string or a list of them", "stop")
-    return stop
+    return [_check_unicode(s, "stop") for s in stop]
 
 
 def _int_list(body: Body, name: str) -> list[int]:

@@ -3,7 +3,8 @@
     GET  /v1/models             the served model, with its max_model_len
     POST /v1/completions        text or token ids in; whole or streamed (SSE)
     POST /v1/chat/completions   messages in, the model's chat template applied
-    GET  /health                200 while the engine's loop runs, else 503 (no key needed)
+    GET  /health                200 while the engine's loop runs, else 503 (no key needed),
+                                with the engine's running / waiting requests and KV blocks
     GET  /metrics               Prometheus text, when an exporter is given (no key needed)
 
 `api_routes` returns the routes, so the dashboard's server mounts them beside its pages on
@@ -22,6 +23,13 @@ thread per chunk (`anyio.to_thread`, with its own 512-thread limiter) 264-307, i
 A client that goes away is noticed while the request runs (the connection's
 `http.disconnect`), streaming or not, and its request is cancelled, so its KV blocks are
 freed at the engine's next step.
+
+What a shared instance refuses, before anything reaches the engine: a body over
+`MAX_BODY_BYTES` (413); a request finding `max_waiting` requests already waiting (429
+"busy: N waiting", `Retry-After`); a key past its requests or tokens per minute (429,
+`Retry-After`; `server.rate_limit`). Limits are per API key, or per client address where
+no key is configured. Prompts are tokenized in a worker thread, so a long one does not
+stall the other streams.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import contextlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,8 +52,9 @@ from starlette.types import Receive, Scope, Send
 
 from engine.outputs import RequestHandle, RequestOutput
 from server import protocol
-from server.errors import APIError, bad_request, error_body
+from server.errors import APIError, bad_request, busy, error_body
 from server.protocol import FINISH_REASONS, SSE_DONE, GenerationRequest, Reply, sse, sse_error
+from server.rate_limit import Charge, RateLimiter
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -55,6 +64,8 @@ log = logging.getLogger(__name__)
 TICK_S = 0.005  # how often waiting requests' handles are polled
 HEALTH_TIMEOUT_S = 2.0  # /health answers 503 when the engine is not there by then
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MAX_BODY_BYTES = 2 * 2**20  # far above any prompt that fits a context (413 above it)
+BUSY_RETRY_AFTER_S = 2.0  # Retry-After of a "busy: N waiting" 429
 
 
 class MetricsExporter(Protocol):
@@ -62,16 +73,22 @@ class MetricsExporter(Protocol):
 
 
 def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
-               api_key: str | None = None, max_waiting: int = 256,
+               api_key: str | Sequence[str] | None = None, max_waiting: int = 256,
+               requests_per_minute: int | None = None, tokens_per_minute: int | None = None,
                metrics: MetricsExporter | None = None) -> list[BaseRoute]:
     """The API's routes. `get_engine` is called per request (in a worker thread: it may
     block while a shared engine is built); `model_name` is what clients send as `model`;
-    with `api_key`, every /v1 route needs `Authorization: Bearer <api_key>`; a request
-    finding `max_waiting` requests already waiting in the engine is refused with 429;
-    `metrics` (an object with `render() -> (body, content type)`) is served at /metrics."""
-    if max_waiting < 0:
-        raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
-    api = _API(get_engine, model_name, api_key, max_waiting)
+    with `api_key` (one key, or several), every /v1 route needs
+    `Authorization: Bearer <key>`; a request finding `max_waiting` requests already waiting
+    in the engine is refused with 429 "busy: N waiting"; `requests_per_minute` and
+    `tokens_per_minute` (None: no limit) bound each key, or each client address where no
+    key is configured; `metrics` (an object with `render() -> (body, content type)`) is
+    served at /metrics."""
+    if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+        raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    api = _API(get_engine, model_name, keys, max_waiting,
+               RateLimiter(requests_per_minute, tokens_per_minute))
     routes: list[BaseRoute] = [
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
@@ -87,8 +104,11 @@ def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
     return routes
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(error_body(err), status_code=err.status)
+def error_response(err: APIError) -> Response:
+    """OpenAI's error body (ASCII JSON: a message quoting a client's broken text, such as a
+    lone surrogate, still renders), with the error's headers (`Retry-After`)."""
+    return Response(json.dumps(error_body(err)), status_code=err.status,
+                    headers=err.headers, media_type="application/json")
 
 
 def _answers_errors(
@@ -111,11 +131,12 @@ class _API:
     """The endpoints, sharing the settings and one `HandleWatcher`."""
 
     def __init__(self, get_engine: Callable[[], Engine], model_name: str,
-                 api_key: str | None, max_waiting: int) -> None:
+                 api_keys: tuple[str, ...], max_waiting: int, limits: RateLimiter) -> None:
         self.get_engine = get_engine
         self.model_name = model_name
-        self.api_key = api_key or None
+        self.api_keys = tuple(k.encode() for k in api_keys if k)
         self.max_waiting = max_waiting
+        self.limits = limits
         self.watcher = HandleWatcher()
         self.models = _answers_errors(self._models)
         self.completions = _answers_errors(self._completions)
@@ -129,14 +150,14 @@ class _API:
                                                 engine.max_model_len))
 
     async def _completions(self, request: Request) -> Response:
-        self._authorize(request)
+        key = self._authorize(request)
         req = protocol.parse_completion(await _json_body(request), self.model_name)
-        return await self._generate(request, req)
+        return await self._generate(request, req, key)
 
     async def _chat_completions(self, request: Request) -> Response:
-        self._authorize(request)
+        key = self._authorize(request)
         req = protocol.parse_chat(await _json_body(request), self.model_name)
-        return await self._generate(request, req)
+        return await self._generate(request, req, key)
 
     async def health(self, request: Request) -> Response:
         try:
@@ -147,44 +168,68 @@ class _API:
             return JSONResponse({"status": "starting"}, status_code=503)
         except Exception as exc:
             return JSONResponse({"status": f"no engine: {exc}"}, status_code=503)
-        if not engine._thread.is_alive():
-            return JSONResponse({"status": "the engine loop has stopped"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        stopped = engine.stopped_reason
+        if stopped is not None:
+            return JSONResponse({"status": f"engine {stopped}"}, status_code=503)
+        stats = engine.stats(steps_after=None)
+        kv = stats.kv
+        return JSONResponse({"status": "ok", "num_requests_running": stats.num_running,
+                             "num_requests_waiting": stats.num_waiting,
+                             "kv_blocks_used": kv.used_blocks if kv else 0,
+                             "kv_blocks_total": kv.num_blocks if kv else 0})
 
     # ---- generation ------------------------------------------------------------------
-    async def _generate(self, request: Request, req: GenerationRequest) -> Response:
+    async def _generate(self, request: Request, req: GenerationRequest,
+                        key: str | None) -> Response:
         engine = await self._engine()
         reply = Reply.new(req.chat, self.model_name)
-        handle = self._submit(engine, req, reply.id)
+        handle, charge = await self._submit(request, engine, req, reply.id, key)
+
+        def close() -> None:  # nothing when it finished; frees its blocks when it had not
+            handle.cancel()
+            if charge is not None:
+                charge.settle(_tokens_used(handle))
+
         if req.stream:
-            return EventStream(self._events(handle, req, reply), on_close=handle.cancel)
+            return EventStream(self._events(handle, req, reply), on_close=close)
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_cancel_on_disconnect, request.receive, handle)
                 await self.watcher.wait_done(handle)
                 tasks.cancel_scope.cancel()
         finally:
-            handle.cancel()  # nothing when it finished; frees its blocks when we were cancelled
+            close()
         out = handle.result()
         if out.finish_reason not in FINISH_REASONS:
             raise _failure(out)
         return JSONResponse(reply.whole(out.text, out.finish_reason, _usage(out)))
 
-    def _submit(self, engine: Engine, req: GenerationRequest, request_id: str) -> RequestHandle:
-        """Check the queue, encode the prompt once, fit a default max_tokens, submit."""
+    async def _submit(self, request: Request, engine: Engine, req: GenerationRequest,
+                      request_id: str, key: str | None) -> tuple[RequestHandle, Charge | None]:
+        """Check the queue, encode the prompt once (in a worker thread), fit a default
+        max_tokens, charge the key's rate limits, submit."""
         waiting = engine.stats(steps_after=None).num_waiting
         if waiting >= self.max_waiting:
-            raise APIError(429, f"the engine's queue is full ({waiting} requests waiting, "
-                           f"at most {self.max_waiting}); retry later",
-                           code="queue_full")
+            raise busy(waiting, BUSY_RETRY_AFTER_S)
         try:
-            token_ids = engine.loaded.encode(req.prompt)
+            token_ids = await anyio.to_thread.run_sync(engine.loaded.encode, req.prompt)
             req = protocol.fit_default_max_tokens(
                 req, len(token_ids), min(engine.max_model_len, engine.pool_tokens))
-            return engine.submit(token_ids, req.params, request_id)
+            engine.check(token_ids, req.params)  # a request that cannot run is not charged
+            charge = None
+            if self.limits.enabled:
+                who = "this API key" if key is not None else "this client"
+                ident = key if key is not None else f"client {_client_host(request)}"
+                charge = self.limits.admit(ident, len(token_ids) + req.params.max_tokens, who)
+            try:
+                return engine.submit(token_ids, req.params, request_id), charge
+            except BaseException:
+                if charge is not None:
+                    charge.settle(0)
+                raise
         except ValueError as exc:
             raise req.error(str(exc)) from None
-        except RuntimeError as exc:  # shut down
+        except RuntimeError as exc:  # shut down, or its loop stopped
             raise APIError(503, f"the engine is not serving: {exc}") from None
 
     async def _events(self, handle: RequestHandle, req: GenerationRequest,
@@ -212,15 +257,20 @@ class _API:
         yield SSE_DONE
 
     # ---- helpers ---------------------------------------------------------------------
-    def _authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
+    def _authorize(self, request: Request) -> str | None:
+        """The caller's key (None where no key is configured); 401 without a valid one."""
+        if not self.api_keys:
+            return None
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise APIError(401, "missing API key: send the header "
                            "`Authorization: Bearer <key>`", code="invalid_api_key")
-        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        given = token.strip().encode("utf-8", "surrogateescape")
+        # compare with every key, so the time taken does not tell which one nearly matched
+        found = [hmac.compare_digest(given, key) for key in self.api_keys]
+        if not any(found):
             raise APIError(401, "invalid API key", code="invalid_api_key")
+        return token.strip()
 
     async def _engine(self) -> Engine:
         try:
@@ -319,15 +369,41 @@ async def _cancel_on_disconnect(receive: Receive, handle: RequestHandle) -> None
     handle.cancel()
 
 
+def _client_host(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    """The body as a JSON object: 413 past `MAX_BODY_BYTES`, 400 when it is not JSON, too
+    deeply nested to parse, or not an object."""
+    too_large = APIError(413, f"request body too large: at most {MAX_BODY_BYTES} bytes",
+                         code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
     try:
-        body = json.loads(raw)
+        body = json.loads(b"".join(chunks))
     except ValueError as exc:
         raise bad_request(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise bad_request("malformed JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
+
+
+def _tokens_used(handle: RequestHandle) -> int:
+    """Prompt and output tokens of a request: exact once it ended, else those seen so far."""
+    if handle.done:
+        out = handle.result()
+        return len(out.prompt_token_ids) + len(out.token_ids)
+    return len(handle.prompt_token_ids) + handle.num_tokens
 
 
 def _usage(out: RequestOutput) -> dict[str, Any]:

@@ -2,9 +2,16 @@
 the shared engine the pages use, so an API client's requests are batched with browser
 users' and show on the status strip, the KV block map and the step timeline.
 
-The API key comes from the environment (BATCHLENS_API_KEY) or Streamlit secrets
-(`api_key = "..."` in .streamlit/secrets.toml); with one set, every /v1 route needs
-`Authorization: Bearer <key>`, and /health stays open.
+Settings, each from the environment or else Streamlit secrets (.streamlit/secrets.toml):
+
+    BATCHLENS_API_KEY   api_key = "..." (or a list)   every /v1 route needs
+                                                      `Authorization: Bearer <key>`
+                                                      (env: keys separated by commas)
+    BATCHLENS_MAX_WAITING       max_waiting = 256     429 "busy: N waiting" past it
+    BATCHLENS_API_RPM   api_requests_per_minute = N   per key (per client address
+    BATCHLENS_API_TPM   api_tokens_per_minute = N     where no key is set); none: no limit
+
+/health and /metrics stay open.
 """
 
 from __future__ import annotations
@@ -37,15 +44,35 @@ def current_engine() -> Engine:
     return shared.shared_engine().engine
 
 
-def api_key() -> str | None:
-    """BATCHLENS_API_KEY, else `api_key` from Streamlit secrets, else None (no auth)."""
-    key = os.environ.get("BATCHLENS_API_KEY")
-    if key:
-        return key
+def _setting(env: str, secret: str) -> Any:
+    """The environment variable `env`, else the secret `secret`, else None."""
+    value = os.environ.get(env)
+    if value:
+        return value
     try:
-        return st.secrets.get("api_key") or None
-    except Exception:  # no secrets file: no key
+        return st.secrets.get(secret) or None
+    except Exception:  # no secrets file
         return None
+
+
+def _count(env: str, secret: str, default: int | None) -> int | None:
+    """A whole-number setting; `ValueError` naming it when it is not one."""
+    value = _setting(env, secret)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{secret} (${env}) must be a whole number, got {value!r}") from None
+
+
+def api_key() -> str | list[str] | None:
+    """BATCHLENS_API_KEY (keys separated by commas), else `api_key` from Streamlit secrets
+    (a string or a list), else None (no auth)."""
+    key = _setting("BATCHLENS_API_KEY", "api_key")
+    if isinstance(key, str) and "," in key:
+        return [k.strip() for k in key.split(",") if k.strip()]
+    return list(key) if isinstance(key, list | tuple) else key
 
 
 def routes() -> list[BaseRoute]:
@@ -53,7 +80,13 @@ def routes() -> list[BaseRoute]:
     metrics = ServerMetrics(current_engine)
     shared.ENGINE_WATCHERS.append(metrics.watch)
     name = loader.resolve_model(os.environ.get("BATCHLENS_MODEL")).name
-    return api_routes(current_engine, model_name=name, api_key=api_key(), metrics=metrics)
+    return api_routes(current_engine, model_name=name, api_key=api_key(),
+                      max_waiting=_count("BATCHLENS_MAX_WAITING", "max_waiting", 256),
+                      requests_per_minute=_count("BATCHLENS_API_RPM",
+                                                 "api_requests_per_minute", None),
+                      tokens_per_minute=_count("BATCHLENS_API_TPM", "api_tokens_per_minute",
+                                               None),
+                      metrics=metrics)
 
 
 @asynccontextmanager

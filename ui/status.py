@@ -11,7 +11,11 @@ from ui.job_slot import SLOW_REFRESH_S, held_jobs
 
 def status_line(stats: ServingStats, mine: tuple[str, ...]) -> str:
     """One line: requests running and waiting (all sessions, and how many are yours: those
-    whose id starts with one of `mine`, your jobs' ids)."""
+    whose id starts with one of `mine`, your jobs' ids); "engine stopped" once its loop has
+    stopped (the reason stays in the server's log and /health, not on visitors' pages)."""
+    if stats.stopped is not None:
+        return ("Shared datacenter engine — engine stopped: it serves no requests until an "
+                f"admin restarts it · {stats.model} on {stats.device}, {stats.dtype}")
     ids = stats.running_ids + stats.waiting_ids
     yours = sum(1 for rid in ids if rid.startswith(mine))
     kv = stats.kv

@@ -94,6 +94,30 @@ def test_max_num_seqs_limits_the_running_batch():
     assert [s.request_id for s in core.scheduler.waiting] == ["r2"]
 
 
+def test_min_admit_slots_admits_waiting_requests_in_waves():
+    core = make_core(num_blocks=40, block_size=4, max_num_seqs=3)
+    core.scheduler.min_admit_slots = 2
+    for i, max_tokens in enumerate([1, 3, 5, 2, 2]):
+        add(core, f"r{i}", [1, 3], max_tokens)
+    running = []
+    for _ in range(5):
+        b = core.schedule()
+        running.append([s.request_id for s, _ in b.entries])
+        core.update(b, core.execute(b))
+    # r0 ends after step 1 (one slot free: r3 waits), r1 after step 3: r3 and r4 together
+    assert running == [["r0", "r1", "r2"], ["r1", "r2"], ["r1", "r2"], ["r2", "r3", "r4"],
+                       ["r2", "r3", "r4"]]
+
+
+def test_a_last_waiting_request_is_admitted_without_a_full_wave():
+    core = make_core(num_blocks=40, block_size=4, max_num_seqs=3)
+    core.scheduler.min_admit_slots = 2
+    for i, max_tokens in enumerate([1, 4, 4, 2]):
+        add(core, f"r{i}", [1, 3], max_tokens)
+    core.step()  # r0 ends; only r3 waits, and one free slot fits all that wait
+    assert [s.request_id for s, _ in core.schedule().entries] == ["r1", "r2", "r3"]
+
+
 def test_preempts_the_newest_when_blocks_run_out():
     core = make_core(num_blocks=5, block_size=2)
     a = add(core, "a", [1, 3, 4, 5], 10).seq
@@ -211,3 +235,28 @@ def test_random_workloads_keep_invariants_and_leak_nothing(
     s = core.kv.stats()
     assert s.used_blocks == 0 and not core.kv.block_tables
     assert s.free_blocks + s.cached_blocks == num_blocks
+
+
+def test_long_context_prefill_chunks_shrink_so_a_step_stays_short():
+    from engine.scheduler import MIN_PREFILL_CHUNK, prefill_chunk_cap
+
+    kv = KVCacheManager(400, 16, False)
+    runner = FakeRunner()
+    runner.block_size = 16
+    core = EngineCore(runner, kv, Scheduler(kv, 4, 512, max_prefill_attention=64 * 1024),
+                      FakeTokenizer(), frozenset({EOS}), max_model_len=10_000)
+    add(core, "long", list(range(10, 5010)), max_tokens=1)
+    chunks = []
+    while core.has_work:
+        b = core.schedule()
+        chunks += [n for _, n in b.entries]
+        core.update(b, core.execute(b))
+    assert sum(chunks) == 5000  # the whole prompt; its one output token comes with the last chunk
+    done = 0
+    for n in chunks:
+        # every chunk within the cap for the context it attends to, and never below the floor
+        assert n <= max(prefill_chunk_cap(done, 64 * 1024), MIN_PREFILL_CHUNK)
+        done += n
+    assert chunks[0] == 512 and chunks[1] == 128 and chunks[-2] >= MIN_PREFILL_CHUNK
+    assert min(chunks[:-1]) < 512 // 4  # long contexts really get shorter chunks
+    assert prefill_chunk_cap(0, None) is None

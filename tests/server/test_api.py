@@ -22,10 +22,11 @@ from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.serving import busy_message
 from server import protocol
 from server.cli import build_parser, engine_config
 from server.errors import APIError, error_body
-from server.routes import api_routes
+from server.routes import MAX_BODY_BYTES, api_routes
 
 STUB_MODEL = "stub-model"
 KEY = "sekret"
@@ -44,7 +45,14 @@ class StubEngine:
 
     def __init__(self) -> None:
         self.alive = True
-        self._thread = SimpleNamespace(is_alive=lambda: self.alive)
+
+    @property
+    def stopped_reason(self) -> str | None:
+        return None if self.alive else "stopped: the engine loop failed (stub)"
+
+    def stats(self, steps_after=None):
+        kv = SimpleNamespace(used_blocks=3, num_blocks=10)
+        return SimpleNamespace(num_running=1, num_waiting=2, kv=kv)
 
 
 @pytest.fixture(scope="module")
@@ -239,10 +247,16 @@ def test_models_and_health_over_a_stub(stub, stub_url, stub_client):
     assert raw["data"][0] | {"created": 0} == {
         "id": STUB_MODEL, "object": "model", "created": 0, "owned_by": "batchlens",
         "root": STUB_MODEL, "parent": None, "max_model_len": 2048}
-    assert httpx.get(stub_url + "/health", timeout=10).status_code == 200
+    health = httpx.get(stub_url + "/health", timeout=10)
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "num_requests_running": 1,
+                             "num_requests_waiting": 2, "kv_blocks_used": 3,
+                             "kv_blocks_total": 10}
     stub.alive = False
     try:
-        assert httpx.get(stub_url + "/health", timeout=10).status_code == 503
+        health = httpx.get(stub_url + "/health", timeout=10)
+        assert health.status_code == 503
+        assert health.json()["status"] == "engine stopped: the engine loop failed (stub)"
     finally:
         stub.alive = True
     assert httpx.get(stub_url + "/metrics", timeout=10).status_code == 404
@@ -256,6 +270,64 @@ def test_no_engine_is_503():
         assert httpx.get(url + "/health", timeout=10).status_code == 503
         r = httpx.post(url + "/v1/completions", json={"prompt": "Hi"}, timeout=10)
         assert r.status_code == 503 and "still loading" in r.json()["error"]["message"]
+
+
+def test_a_queue_past_its_cap_is_429_busy_with_retry_after(stub):
+    with serving(api_routes(lambda: stub, model_name=STUB_MODEL, max_waiting=2)) as url, \
+            client_for(url) as c:
+        with pytest.raises(openai.RateLimitError) as err:  # the stub has 2 waiting
+            c.chat.completions.create(model=STUB_MODEL, max_tokens=4,
+                                      messages=[{"role": "user", "content": "Hi"}])
+        assert err.value.body == {"message": busy_message(2), "type": "rate_limit_error",
+                                  "param": None, "code": "queue_full"}
+        assert err.value.body["message"] == "busy: 2 waiting"
+        assert err.value.response.headers["retry-after"] == "2"
+        r = httpx.post(url + "/v1/completions", json={"prompt": [1], "max_tokens": "x"},
+                       timeout=10)
+        assert r.status_code == 400  # a bad request is told what is wrong, busy or not
+    with pytest.raises(ValueError, match="max_waiting must be an integer >= 0"):
+        api_routes(lambda: stub, model_name=STUB_MODEL, max_waiting=-1)
+
+
+def test_an_oversized_body_is_413_and_broken_unicode_400(stub_url):
+    big = b'{"prompt": "' + b"x" * (MAX_BODY_BYTES + 1) + b'"}'
+    r = httpx.post(stub_url + "/v1/completions", content=big, timeout=30)
+    assert r.status_code == 413
+    assert r.json()["error"]["message"] == (
+        f"request body too large: at most {MAX_BODY_BYTES} bytes")
+    for body, param in [(b'{"prompt": "a\\ud800"}', "prompt"),
+                        (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages"),
+                        (b'{"prompt": "hi", "stop": ["\\ud83d"]}', "stop")]:
+        path = "/v1/chat/completions" if param == "messages" else "/v1/completions"
+        r = httpx.post(stub_url + path, content=body, timeout=10)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param and "lone surrogate" in r.text
+    r = httpx.post(stub_url + "/v1/completions", content=b'{"prompt": "hi", "model": "\\ud800"}',
+                   timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"  # still JSON
+    r = httpx.post(stub_url + "/v1/completions", content=b'{"prompt": ' + b"[" * 10**5,
+                   timeout=10)
+    assert r.status_code == 400 and "malformed JSON body" in r.json()["error"]["message"]
+
+
+def test_a_tiny_temperature_is_greedy_and_values_are_quoted_short():
+    req = protocol.parse_completion({"prompt": "Hi", "temperature": 5e-324}, STUB_MODEL)
+    assert req.params.temperature == 0.0 and req.params.greedy
+    assert protocol.parse_completion({"prompt": "Hi", "temperature": 1e-3},
+                                     STUB_MODEL).params.temperature == 1e-3
+    with pytest.raises(APIError) as err:
+        protocol.parse_completion({"prompt": "Hi", "max_tokens": "9" * 10_000}, STUB_MODEL)
+    assert err.value.param == "max_tokens" and len(err.value.message) < 120
+
+
+def test_several_api_keys_each_open_the_api(stub):
+    with serving(api_routes(lambda: stub, model_name=STUB_MODEL,
+                            api_key=["first", "second"])) as url:
+        for key in ("first", "second"):
+            with client_for(url, key) as c:
+                assert c.models.list().data[0].id == STUB_MODEL
+        with client_for(url, "third") as c, pytest.raises(openai.AuthenticationError):
+            c.models.list()
 
 
 def test_an_api_key_guards_every_v1_route_but_not_health_or_metrics(stub):
@@ -470,7 +542,10 @@ def test_a_full_queue_answers_429(loaded, name):
                 wait_for(lambda: eng.stats(steps_after=None).num_waiting == 1, timeout=10)
                 with client_for(url) as c, pytest.raises(openai.RateLimitError) as err:
                     c.completions.create(model=name, prompt="Hi", max_tokens=2)
-                assert err.value.status_code == 429 and "queue is full" in err.value.message
+                assert err.value.status_code == 429
+                assert err.value.body["message"] == busy_message(1) == "busy: 1 waiting"
+                assert err.value.code == "queue_full" and err.value.type == "rate_limit_error"
+                assert err.value.response.headers["retry-after"] == "2"
         wait_for(lambda: quiet(eng), timeout=5, message="the streams were not cancelled")
 
 
