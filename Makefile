@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# localhost only (.streamlit/config.toml); to host it for a team, e.g.
+#   make run RUN_ARGS="--server.address 0.0.0.0"   (a shared instance: see the README)
 run: setup
-	$(BIN)/streamlit run app.py
+	$(BIN)/streamlit run app.py $(RUN_ARGS)
 
 chromium:
 	@test -x /usr/bin/chromium || (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \

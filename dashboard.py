@@ -1,7 +1,7 @@
 """batchlens: the dashboard script (app.py serves it). Navigation over pages/, and the
 shared chrome: page config, the one-line claim, the shared engine (loaded once), its
-sidebar settings (hidden in presenter mode), the presenter-mode switch and the status
-strip."""
+sidebar settings (hidden in presenter mode; the admin's on a shared instance, see
+ui/hosting.py), the presenter-mode switch and the status strip."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui import presenter, settings, shared, status
+from ui import hosting, presenter, settings, shared, status
 
 HERE = Path(__file__).resolve().parent
 # Menu order and labels of known pages; only files that exist in pages/ are shown, and any
@@ -34,6 +34,7 @@ def page_list() -> list[st.Page]:
     return out
 
 
+hosting.protect_errors()  # first: a shared instance never shows a traceback
 st.set_page_config(page_title="batchlens", page_icon=":material/speed:", layout="wide")
 page = st.navigation(page_list())
 st.title("A local PC serves one user at a time; a datacenter batches everyone.")

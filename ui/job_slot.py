@@ -6,14 +6,18 @@ the job runs::
     controls():  running = SLOT.inputs_disabled()   inputs, then SLOT.buttons(...) and
                                                     SLOT.show_error()
     Run:         SLOT.start(lambda: Race(...))      replaces (closes) the last job; a
-                                                    ValueError shows as "Not started: ..."
+                                                    ValueError shows as "Not started: ...";
+                                                    refused while another slot's job runs
+    Stop:        SLOT.stop()                        cancels, and waits (at most STOP_WAIT_S)
+                                                    until the job's requests have ended
     live():      SLOT.live(view)                    view(job) in a fragment, redrawn every
                                                     refresh_s while the job runs
 
 The page's inputs are disabled while the job runs; when it ends, the live view reruns the
-whole page once, so they come back. The jobs' heartbeat is the live view and the status
-strip (`held_jobs`): a job whose browser tab is closed is no longer touched, and cancels
-itself after `heartbeat_s`.
+whole page once, so they come back. A browser session runs one job at a time, whatever the
+page: a race, a sweep or a KV scenario. The jobs' heartbeat is the live view and the status
+strip (`held_jobs`); a job also watches its session's websocket, so a closed tab's job
+cancels itself within a second (workloads/job.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ REFRESH_S = float(os.environ.get("BATCHLENS_REFRESH_S", "0.5"))  # a live view o
 SLOW_REFRESH_S = 2 * REFRESH_S  # a view with less to show: the status strip, an idle page,
 #                                 a sweep (which leaves the CPU to its measurement)
 HEARTBEAT_S = 5.0  # a job untouched for this long, its tab closed, cancels itself
+STOP_WAIT_S = 2.0  # Stop returns once the job's requests ended (their blocks are free)
+KINDS = {"race": "race", "sweep": "sweep", "kv": "KV cache scenario"}  # job id prefixes
 
 J = TypeVar("J", bound=BackgroundJob)
 
@@ -39,6 +45,12 @@ J = TypeVar("J", bound=BackgroundJob)
 def held_jobs() -> list[BackgroundJob]:
     """Every job this browser session holds, in any slot."""
     return [v for v in st.session_state.values() if isinstance(v, BackgroundJob)]
+
+
+def job_kind(job: BackgroundJob) -> str:
+    """What a job is, in words ("race", "sweep", "KV cache scenario")."""
+    prefix = job.job_id.rsplit("-", 1)[0]
+    return KINDS.get(prefix, prefix)
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,15 @@ class JobSlot(Generic[J]):
 
     def start(self, build: Callable[[], J]) -> J | None:
         """Close the last job (a finished one at once), then build and start a new one. A
-        `ValueError` from `build` (an impossible setting) is kept for `show_error`."""
+        `ValueError` from `build` (an impossible setting, a cap, a busy engine) is kept for
+        `show_error`, and so is a job of this session still running in another slot."""
+        other = next((job for job in held_jobs()
+                      if job is not self.job and not job.finished), None)
+        if other is not None:
+            st.session_state[f"{self.key}_error"] = (
+                f"Not started: one run at a time per browser session, and your "
+                f"{job_kind(other)} is still running. Stop it first.")
+            return None
         old = self.job
         if old is not None:
             old.close()
@@ -102,10 +122,12 @@ class JobSlot(Generic[J]):
         return job
 
     def stop(self) -> None:
-        """Cancel the job's requests (the Stop button)."""
+        """Cancel the job's requests (the Stop button) and wait, at most `STOP_WAIT_S`,
+        until they have ended, so the page redrawn after Stop shows their blocks free."""
         job = self.job
         if job is not None:
             job.stop()
+            job.wait_cancelled(STOP_WAIT_S)
 
     # ---- the live view -----------------------------------------------------------------
     def live(self, view: Callable[[J | None], None]) -> None:

@@ -3,6 +3,12 @@ scripted scenarios one click away.
 
 On with the sidebar toggle or `?presenter=1` in the URL; it stays on for the browser
 session across pages (and the URL keeps the parameter, so a reload keeps it too).
+
+On a shared instance visitors may use it: it is this session's view only. Hiding the
+settings panel hides it from this session, not from anyone else, and changes no setting
+(on a shared instance the settings are the admin's anyway, see ui/hosting.py); the
+scripted scenarios are runs like any other, under the same one-run-per-session rule and
+the admin's caps.
 """
 
 from __future__ import annotations

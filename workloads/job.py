@@ -5,10 +5,15 @@ run ends (an error goes into the job, the final phase, what the job owns shut do
     job = Race(...).start()   thread: _work() -> [error] -> owned sides shut down -> phase
     page: job.touch() · job.stop() · job.finished · job.error · job.close()
 
-A job is abandoned (cancels its requests) when the page has not touched it for
-`heartbeat_timeout` seconds and, if the page gave a `connected` check, its browser session
-is gone too. A connected tab whose refreshes are merely late (a busy viewer's machine)
-keeps its job; a closed tab loses it within `heartbeat_timeout`.
+A job is abandoned (cancels its requests) when the page's `connected` check (if given)
+has been false for `DISCONNECT_GRACE_S` (a closed tab: its blocks are free a step later,
+well within 2 s), or when the page has not touched it for `heartbeat_timeout` seconds and
+is not known to be connected. A connected tab whose refreshes are merely late (a busy
+viewer's machine) keeps its job.
+
+A failure meant for the page's reader is a `WorkloadError`, shown as it is; any other
+exception is shown with its type. A shared engine the admin replaced while the job ran
+ends it with `engine_changed`'s plain sentence.
 
 Subclasses set up their own state, implement `_work` (the run itself) and `_live_handles`
 (the requests `stop` cancels); `_on_finish` clears their own state at the end.
@@ -26,6 +31,21 @@ from engine.outputs import RequestHandle
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the package allows 3.10
     from typing import Self
+
+CANCEL_GRACE_S = 30.0  # a stopped job whose requests have not ended by then fails
+DISCONNECT_GRACE_S = 0.5  # a tab whose websocket has been gone this long was closed
+
+
+class WorkloadError(RuntimeError):
+    """A failure worded for the page's reader: shown as it is, without a type name."""
+
+
+ENGINE_CHANGED = "The admin changed the engine settings"
+
+
+def engine_changed(kind: str) -> WorkloadError:
+    """What a job says when the shared engine it ran on was replaced under it."""
+    return WorkloadError(f"{ENGINE_CHANGED}; this {kind} was stopped.")
 
 
 class Closable(Protocol):
@@ -54,6 +74,7 @@ class BackgroundJob:
         self._t_start: float | None = None
         self._t_done: float | None = None
         self._last_touch = time.monotonic()
+        self._disconnected_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"batchlens-{self.job_id}",
                                         daemon=True)
 
@@ -70,6 +91,9 @@ class BackgroundJob:
     def _run(self) -> None:
         try:
             self._work()
+        except WorkloadError as exc:
+            self._error = str(exc)
+            self.stop()
         except Exception as exc:  # surface in the job; never kill the page
             self._error = f"{type(exc).__name__}: {exc}"
             self.stop()
@@ -103,6 +127,19 @@ class BackgroundJob:
         for h in handles:
             h.cancel()
 
+    def wait_cancelled(self, timeout: float) -> bool:
+        """After `stop`: wait up to `timeout` s until every request submitted so far has
+        ended (an engine's blocks are free by then); True if they all did."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            handles = self._live_handles()
+        for h in handles:
+            try:
+                h.result(timeout=max(end - time.monotonic(), 0.0))
+            except TimeoutError:
+                return False
+        return True
+
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the end; True once the thread is gone (or was never started)."""
         if self._thread.ident is not None:
@@ -129,8 +166,17 @@ class BackgroundJob:
         return self._error
 
     def _heartbeat_expired(self) -> bool:
-        """Untouched for `heartbeat_timeout` seconds, and not known to be connected."""
+        """Its tab gone for `DISCONNECT_GRACE_S`, or untouched for `heartbeat_timeout`
+        seconds and not known to be connected."""
+        now = time.monotonic()
+        if self.connected is not None:
+            if self.connected():
+                self._disconnected_since = None
+            else:
+                self._disconnected_since = self._disconnected_since or now
+                if now - self._disconnected_since >= DISCONNECT_GRACE_S:
+                    return True
         limit = self.heartbeat_timeout
-        if limit is None or time.monotonic() - self._last_touch <= limit:
+        if limit is None or now - self._last_touch <= limit:
             return False
         return self.connected is None or not self.connected()

@@ -13,8 +13,8 @@ A background thread submits every user's request to one side, samples progress e
 `interval` seconds (tokens, KV memory, datacenter batch size per step) and, when that
 side is done, moves on to the next. `snapshot()` returns a copy, safe from any thread.
 `touch()` is a heartbeat: without one for `heartbeat_timeout` seconds, and with the page's
-`connected` check (if given) false, i.e. a closed browser tab, the race cancels its own
-requests. Every figure comes from `engine.metrics`; the series are kept whole (the page
+`connected` check (if given) false, the race cancels its own requests; a closed browser tab
+(`connected` false for half a second) cancels them at once. Every figure comes from `engine.metrics`; the series are kept whole (the page
 thins them for its charts) and the page words the summary.
 """
 
@@ -37,9 +37,9 @@ from engine.metrics import RunSummary, summarize
 from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ServingSide
-from workloads.job import BackgroundJob
+from workloads.job import CANCEL_GRACE_S, BackgroundJob, WorkloadError, engine_changed
 from workloads.prompts import chat
-from workloads.sides import LABELS, SIDES, check_order, prompts_for
+from workloads.sides import LABELS, SIDES, check_order, prompts_for_sides
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,9 @@ class Race(BackgroundJob):
         self.num_users = len(prompts)
         self.num_threads = torch.get_num_threads()
         self._sides = {"datacenter": _Side("datacenter", engine), "local": _Side("local", local)}
-        for side in self._sides.values():
-            side.prompts = prompts_for(side.name, side.server, prompts, params)
+        sent = prompts_for_sides({n: s.server for n, s in self._sides.items()}, prompts, params)
+        for name, side in self._sides.items():
+            side.prompts = sent[name]
         self._tokens: list[dict[str, Any]] = []
         self._kv: list[dict[str, Any]] = []
         self._batch: list[dict[str, Any]] = []
@@ -162,10 +163,12 @@ class Race(BackgroundJob):
                 break
             try:
                 self._run_side(self._sides[name])
+            except WorkloadError:  # the shared engine was replaced: nothing more to run
+                raise
             except RuntimeError as exc:  # a failing side (an endpoint down) fails only its
                 errors.append(str(exc))  # own requests: the other side still runs
         if errors:
-            raise RuntimeError("; ".join(errors))
+            raise WorkloadError("; ".join(errors))
 
     def _params_for(self, user: int) -> SamplingParams:
         if self.params.greedy or self.params.seed is not None:
@@ -177,9 +180,15 @@ class Race(BackgroundJob):
             self._phase = side.name
             side.t0 = time.monotonic()
             n = self.num_users
-            side.handles.extend(side.server.submit_many(  # one moment: same batches every run
-                side.prompts, [self._params_for(u) for u in range(n)],
-                [f"{self.job_id}-{side.name[:2]}-u{u}" for u in range(n)]))
+            try:
+                side.handles.extend(side.server.submit_many(  # one moment: same batches
+                    side.prompts, [self._params_for(u) for u in range(n)],
+                    [f"{self.job_id}-{side.name[:2]}-u{u}" for u in range(n)]))
+            except RuntimeError:
+                side.t0 = None  # this side never started
+                if side.server.stats(steps_after=None).stopped == "shut down":
+                    raise engine_changed("race") from None  # replaced before it began
+                raise
         if self._stop.is_set():
             self.stop()
         deadline = None
@@ -191,10 +200,12 @@ class Race(BackgroundJob):
                 self._abandoned = True
                 self.stop()
             if self._stop.is_set():
-                deadline = deadline or time.monotonic() + 30.0
+                deadline = deadline or time.monotonic() + CANCEL_GRACE_S
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{side.name}: requests did not end after cancel")
-            self._stop.wait(self.interval)
+                time.sleep(self.interval)  # not _stop.wait: once set, it would spin
+            else:
+                self._stop.wait(self.interval)
         outputs = [h.result() for h in side.handles]
         self._sample(side)
         self._check_outputs(side.name, outputs)
@@ -209,9 +220,8 @@ class Race(BackgroundJob):
         if errors:
             raise RuntimeError(f"{LABELS[name]}: {errors[0]}")
         cancelled = sum(o.finish_reason == "cancelled" for o in outputs)
-        if cancelled and not self._stop.is_set():
-            raise RuntimeError(f"{LABELS[name]}: {cancelled} requests were cancelled outside "
-                               "this race (was the shared engine rebuilt?)")
+        if cancelled and not self._stop.is_set():  # only a shut-down side cancels by itself:
+            raise engine_changed("race")  # the shared engine, replaced by the admin
 
     def _sample(self, side: _Side) -> None:
         """Drain streamed text and record one point of every series."""

@@ -1,6 +1,9 @@
-"""Fixtures for the page tests."""
+"""Fixtures for the page tests: a fresh shared engine (AppTest), a headless Chromium
+(browser tests)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -14,3 +17,23 @@ def fresh_engine():
     shared.shared_engine.clear()
     yield
     shared.shared_engine.clear()  # on_release shuts the engine down, cancelling requests
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium driven by Playwright's Python package (never `playwright
+    install`); skipped where it is missing."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} missing (apt-get install --no-install-recommends chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()

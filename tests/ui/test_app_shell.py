@@ -46,11 +46,11 @@ def test_the_status_strip_shows_other_sessions_requests():
     race = alice.session_state[arena.SLOT.key]
     run_until(bob, lambda a: strip_counts(a) not in (None, (0, 0, 0)))
     running, waiting, yours = strip_counts(bob)
-    # alice's 3 requests, submitted together and still in flight: none of them bob's
-    assert running + waiting == 3 and yours == 0, bob.caption[0].value
-    run_until(alice, lambda a: (strip_counts(a) or (0, 0, 0))[2] == 3)
+    # alice's requests in flight (up to 3: an answer may end early at EOS): none of them bob's
+    assert 0 < running + waiting <= 3 and yours == 0, bob.caption[0].value
+    run_until(alice, lambda a: (strip_counts(a) or (0, 0, 0))[2] > 0)
     running, waiting, yours = strip_counts(alice)
-    assert running + waiting == 3, alice.caption[0].value
+    assert running + waiting == yours <= 3, alice.caption[0].value
     race.stop()
     assert race.join(timeout=60)
 
