@@ -132,3 +132,31 @@ def test_a_stop_string_in_the_first_token_leaves_no_text(tok) -> None:
     detok = IncrementalDetokenizer(tok, stop=["\n"])
     detok.add(tok.encode("\n")[0])
     assert detok.stopped and detok.text == "" and detok.delta() == ""
+
+
+def test_the_rust_decode_stream_gives_the_python_paths_deltas(tokenizer_dir) -> None:
+    """A fast tokenizer detokenizes through `tokenizers`' DecodeStream, one call a token;
+    its deltas equal the two-decode Python path's, Korean, emoji and specials included."""
+    from engine.models import loader
+
+    tok = loader.load_tokenizer(tokenizer_dir)
+    text = "Hello, world! 한국어 텍스트 😀 and   spaces\n\nThe end."
+    ids = [1] + tok(text, add_special_tokens=False)["input_ids"] + [2, 0, 300, 60000 % 49152]
+    fast = IncrementalDetokenizer(tok, stop=["end."])
+    slow = IncrementalDetokenizer(tok, stop=["end."])
+    slow._stream = None  # force the Python path
+    assert fast._stream is not None
+    deltas = {}
+    for name, detok in (("fast", fast), ("slow", slow)):
+        out = []
+        for i in ids:
+            detok.add(i)
+            out.append(detok.delta())
+            if detok.stopped:
+                break
+        deltas[name] = out + [detok.delta(final=True)]
+    assert deltas["fast"] == deltas["slow"]
+    assert fast.stopped and fast.text == slow.text == "Hello, world! 한국어 텍스트 😀 and   spaces\n\nThe "
+    unstopped = [IncrementalDetokenizer(tok), IncrementalDetokenizer(tok)]
+    unstopped[1]._stream = None
+    assert stream(unstopped[0], ids) == stream(unstopped[1], ids)
