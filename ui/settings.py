@@ -73,6 +73,8 @@ def engine_settings(holder: SharedEngine) -> None:
         applied = st.form_submit_button("Apply", type="primary", disabled=locked)
     if locked:
         st.sidebar.info(LOCKED)
+    if engine.stopped_reason is not None:
+        _restart_control(holder, password, locked)
     if applied and not locked:
         _apply(holder, password, entered, dict(
             block_size=int(block_size), num_kv_blocks=int(num_blocks),
@@ -114,6 +116,26 @@ def _apply(holder: SharedEngine, password: str | None, entered: str | None,
         f"({size}{', the same memory' if kept else ''}), up to {new.config.max_num_seqs} "
         "sequences per step. Requests already running finish on the previous engine.")
     st.rerun()
+
+
+def _restart_control(holder: SharedEngine, password: str | None, locked: bool) -> None:
+    """The engine's loop has stopped (a failure outside a model step): the admin (anyone
+    on a local instance) restarts it on the same weights and KV pool."""
+    st.sidebar.error("Engine stopped: the shared engine serves no requests until it is "
+                     "restarted. The server's log has the reason.")
+    if locked:
+        return
+    entered = (st.sidebar.text_input("Admin password", type="password", key="restart-password")
+               if password else None)
+    if st.sidebar.button("Restart engine", key="restart-engine", type="primary"):
+        if password is not None and not hmac.compare_digest((entered or "").encode(),
+                                                            password.encode()):
+            st.sidebar.error("Only an admin can restart the shared engine: enter the admin "
+                             "password.")
+            return
+        holder.restart()
+        st.session_state[FLASH] = "Engine restarted: it serves requests again."
+        st.rerun()
 
 
 def _one_line(exc: Exception) -> str:

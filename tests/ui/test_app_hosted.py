@@ -5,12 +5,14 @@ the admin's caps, inputs that say what is out of range, and a stopped race's pan
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 from apptest import keyed, new_app, run_until, wait_idle
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
+from engine import SamplingParams
 from ui import arena, settings, shared, sweep_view
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
@@ -173,3 +175,34 @@ def test_a_stopped_race_says_stopped_and_how_many_users_finished():
     assert side_caption(at, "datacenter") == f"Stopped: {done} of 4 users finished."
     assert at.warning[0].value.startswith(f"Stopped: {done} of 4 users finished on the "
                                           "datacenter")
+
+
+def test_a_dead_engine_loop_says_engine_stopped_and_the_admin_restarts_it():
+    at = new_app(secrets=ADMIN)
+    engine = shared.shared_engine().engine
+    core = engine.core
+
+    def die():
+        raise RuntimeError("injected loop failure")
+
+    core.schedule = die  # the loop fails outside a model step: it stops
+    engine.submit("Hi", SamplingParams(max_tokens=2))
+    deadline = time.monotonic() + 20
+    while engine.stopped_reason is None:
+        assert time.monotonic() < deadline, "the loop did not stop"
+        time.sleep(0.05)
+    del core.schedule  # the cause is gone; a restart builds a fresh core anyway
+    at.run()
+    errors = " ".join(e.value for e in at.sidebar.error)
+    assert "Engine stopped" in errors
+    assert not at.exception
+    at.sidebar.text_input(key="restart-password").set_value("wrong")
+    at.sidebar.button(key="restart-engine").click().run()
+    assert engine.stopped_reason is not None
+    assert "Only an admin" in " ".join(e.value for e in at.sidebar.error)
+    at.sidebar.text_input(key="restart-password").set_value("s3cret")
+    at.sidebar.button(key="restart-engine").click().run()
+    assert engine.stopped_reason is None and shared.shared_engine().engine is engine
+    out = engine.submit("Hi", SamplingParams(max_tokens=2)).result(timeout=60)
+    assert out.error is None and len(out.token_ids) >= 1
+    assert not any(b.key == "restart-engine" for b in at.sidebar.button)
