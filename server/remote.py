@@ -14,7 +14,10 @@ the local PC requests go one at a time in arrival order, through a FIFO with one
 exactly like `engine.local.LocalPC`: a queued request's wait counts in its TTFT, and a
 laptop's Ollama or llama.cpp server plays "one user at a time" honestly.
 
-Measuring, as `vllm bench serve` does. Every request streams (`stream: true`,
+Measuring, as `vllm bench serve` does, and with its code: every request is built, sent,
+read and measured by `server.stream_client`, the one streaming client that `batchlens
+bench serve` (`measure.bench.serve`) uses too, so a remote side in a race or a sweep and
+the load generator measure alike. Every request streams (`stream: true`,
 `stream_options.include_usage`); `time.monotonic()` is stamped on arrival of each chunk
 that carries text. TTFT: submit -> first such chunk (a local-role request's time in our
 FIFO included); ITL: the gaps between such chunks; E2E: submit -> the last one; TPOT:
@@ -55,22 +58,22 @@ into the `Authorization` header: it is never logged, never in a message, `repr` 
 Live server state: `server_state()` is the latest reading of the server's Prometheus
 /metrics (`server.remote_metrics`), fetched at construction and refreshed in the
 background when `stats()` or `server_state()` is called, at most every `STATE_POLL_S`;
-None: not exported by this server.
+None: not exported by this server. When it is exported, /metrics is also read every
+`STATE_POLL_S` while requests are out, and `server_history()` keeps the readings with
+their times (the page charts them over time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
-import json
 import logging
 import math
-import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -81,7 +84,17 @@ from engine.config import SamplingParams
 from engine.metrics import RequestMetrics
 from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ALL_STEPS, GIL_SWITCH_INTERVAL_S, ServingBase, ServingStats
-from server.remote_metrics import ServerState, metrics_url, state_from_response
+from server.remote_metrics import ServerState, StateSample, metrics_url, state_from_response
+from server.stream_client import (
+    APIS,
+    StreamError,
+    StreamRecord,
+    clip,
+    http_failure,
+    request_body,
+    stream,
+    transport_failure,
+)
 
 if TYPE_CHECKING:
     from engine.models.loaded import Prompt
@@ -89,14 +102,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROLES = ("datacenter", "local")
-APIS = {"chat": "chat/completions", "completions": "completions"}  # paths under /v1
 PLACEHOLDER_TOKEN = -1  # the id of every token in a remote output (ids are not sent)
 STATE_POLL_S = 0.5  # /metrics is fetched at most this often
 METRICS_TIMEOUT_S = 5.0
+HISTORY_LEN = 1200  # /metrics readings kept for the chart: 10 minutes at STATE_POLL_S
 SHUTDOWN_S = 10.0
-DRAIN_S = 1.0  # after [DONE], how long the rest of the response may take (keeps the
-               # connection reusable; the request has finished already)
-MAX_MESSAGE_CHARS = 300
 MAX_KEEPALIVE = 64
 
 
@@ -127,10 +137,8 @@ class _Call:
     body: dict[str, Any]
     handle: RequestHandle
     metrics: RemoteMetrics
+    record: StreamRecord  # its chunk_times are the metrics' own list
     task: asyncio.Task | None = None
-    text: list[str] = field(default_factory=list)
-    usage: dict[str, Any] | None = None
-    finish_reason: str | None = None
     done: bool = False
 
 
@@ -189,6 +197,8 @@ class RemoteSide(ServingBase):
         self._state: ServerState | None = None
         self._state_time = -float("inf")
         self._state_busy = False
+        self._history: collections.deque[StateSample] = collections.deque(maxlen=HISTORY_LEN)
+        self._watching = False  # a task reads /metrics while requests are out
         self._background: set[asyncio.Task] = set()
         self._fifo: asyncio.Queue[_Call] | None = None
 
@@ -246,6 +256,14 @@ class RemoteSide(ServingBase):
         self._refresh_state()
         return self._state
 
+    def server_history(self) -> list[StateSample]:
+        """The readings of /metrics so far, oldest first (at most `HISTORY_LEN`): one when
+        requests are sent, then every `STATE_POLL_S` while any is out, and one after the
+        last ends, besides those `server_state()` fetched. Empty when the server exports
+        none of the known names."""
+        with self._lock:
+            return list(self._history)
+
     def shutdown(self) -> None:
         """Cancel every request (queued ones never go out; streams are closed), close the
         connection pool and stop the loop. Idempotent."""
@@ -273,25 +291,10 @@ class RemoteSide(ServingBase):
         return body
 
     def body(self, prompt: Prompt, params: SamplingParams) -> dict[str, Any]:
-        """The streaming request body for one prompt (`ValueError` naming `prompt` when
-        this API cannot take it). vLLM's extensions (`top_k`, `ignore_eos`, `min_tokens`,
-        `stop_token_ids`) are sent only when set, since strict servers refuse unknown
-        fields."""
-        p = params
-        body: dict[str, Any] = {"model": self.model, "stream": True,
-                                "stream_options": {"include_usage": True}}
-        if self.api == "chat":
-            body["messages"] = _messages(prompt)
-        else:
-            body["prompt"] = _completion_prompt(prompt)
-        body |= {"max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
-        if p.seed is not None:
-            body["seed"] = p.seed
-        if p.stop:
-            body["stop"] = list(p.stop)
-        extras = {"top_k": p.top_k, "ignore_eos": p.ignore_eos, "min_tokens": p.min_tokens,
-                  "stop_token_ids": list(p.stop_token_ids)}
-        return body | {k: v for k, v in extras.items() if v}
+        """The streaming request body for one prompt, as the load generator builds it
+        (`server.stream_client.request_body`; `ValueError` naming `prompt` when this API
+        cannot take it)."""
+        return request_body(self.model, self.api, prompt, params)
 
     # ---- submission ------------------------------------------------------------------
     def _submit_many(self, prompts: list[Prompt], params: list[SamplingParams],
@@ -311,8 +314,9 @@ class RemoteSide(ServingBase):
                 raise ValueError(f"request_id {clash[0]!r} is already in flight")
             now = time.monotonic()
             for rid, body in zip(rids, bodies, strict=True):
-                call = _Call(rid, body, RequestHandle(rid, [], self.cancel),
-                             RemoteMetrics(arrival_time=now))
+                metrics = RemoteMetrics(arrival_time=now)
+                call = _Call(rid, body, RequestHandle(rid, [], self.cancel), metrics,
+                             StreamRecord(chunk_times=metrics.chunk_times))
                 self._calls[rid] = call
                 (self._waiting if self.role == "local" else self._running)[rid] = None
                 calls.append(call)
@@ -344,18 +348,20 @@ class RemoteSide(ServingBase):
         try:
             resp = await self._client.get("models")
         except httpx.HTTPError as exc:
-            raise self._error(_transport_failure(exc, self.timeout)) from None
+            raise self._error(transport_failure(exc, self.timeout)) from None
         if resp.status_code == 404 and model:  # no model list here: trust the caller
             return
         if resp.status_code != 200:
-            raise self._error(self._http_failure(resp.status_code, resp.content,
-                                                 f"GET {self._route('models')}"))
+            raise self._error(http_failure(resp.status_code, resp.content,
+                                           f"GET {self._route('models')}",
+                                           keyed=bool(self._headers),
+                                           where="its url" if self.name else self.url))
         try:
             listed = {m["id"]: m for m in resp.json()["data"]}
             assert all(isinstance(i, str) for i in listed)
         except (ValueError, KeyError, TypeError, AssertionError):
             raise self._error(f"malformed answer to GET {self._route('models')} (not an OpenAI model list): "
-                              f"{_clip(resp.text)!r}") from None
+                              f"{clip(resp.text)!r}") from None
         if not listed:
             raise self._error(f"GET {self._route('models')} lists no model")
         if model and model not in listed:
@@ -374,6 +380,9 @@ class RemoteSide(ServingBase):
         return task
 
     def _launch(self, calls: list[_Call]) -> None:
+        if self._state is not None and not self._watching:
+            self._watching = True
+            self._spawn(self._watch_state())
         for call in calls:
             if call.done:  # cancelled before it reached the loop
                 continue
@@ -412,81 +421,33 @@ class RemoteSide(ServingBase):
         call.metrics.first_scheduled_time = time.monotonic()
         reason, error = "error", None
         try:
-            reason = await self._stream(call)
+            # the load generator's own request function (`batchlens bench serve`)
+            await stream(self._client, self._path, call.body, call.record,
+                         on_text=lambda text, now: self._on_text(call, text, now),
+                         on_done=lambda: self._finish(call, _reason(call.record)),
+                         timeout=self.timeout, keyed=bool(self._headers),
+                         where="its url" if self.name else self.url)
+            reason = _reason(call.record)
         except asyncio.CancelledError:
             reason = "cancelled"
-        except RemoteError as exc:
-            error = str(exc)
-        except httpx.HTTPError as exc:
-            error = str(self._error(_transport_failure(exc, self.timeout)))
+        except StreamError as exc:
+            error = str(self._error(str(exc)))
         except Exception as exc:  # a bug here must fail this request only
             log.exception("%s: request %s failed", self._where, call.request_id)
             error = str(self._error(f"{type(exc).__name__}: {exc}"))
         self._finish(call, reason, error)
 
-    async def _stream(self, call: _Call) -> str:
-        """POST the request and read its event stream; the finish reason."""
-        async with self._client.stream("POST", self._path, json=call.body) as resp:
-            if resp.status_code != 200:
-                body = await resp.aread()
-                raise self._error(self._http_failure(resp.status_code, body,
-                                                     f"POST {self._route(self._path)}",
-                                                     call.body["model"]))
-            ctype = resp.headers.get("content-type", "")
-            if not ctype.startswith("text/event-stream"):
-                raise self._error(f"malformed stream: expected text/event-stream, got "
-                                  f"{ctype or 'no content type'}")
-            events = _sse_events(resp.aiter_lines())
-            async for event, data in events:
-                if self._on_event(call, event, data):  # [DONE]
-                    reason = _finish_reason(call.finish_reason)
-                    self._finish(call, reason)
-                    with contextlib.suppress(Exception):  # keep the connection reusable
-                        await asyncio.wait_for(_drain(events), DRAIN_S)
-                    return reason
-        if call.finish_reason is None:
-            raise self._error("malformed stream: it ended before a finish_reason or [DONE]")
-        return _finish_reason(call.finish_reason)
-
-    def _on_event(self, call: _Call, event: str, data: str) -> bool:
-        """Take one server-sent event; True at `[DONE]`."""
-        if data.strip() == "[DONE]":
-            return True
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise self._error(f"malformed stream: an event is not JSON: {_clip(data)!r}") from None
-        if not isinstance(chunk, dict):
-            raise self._error(f"malformed stream: an event is not a JSON object: {_clip(data)!r}")
-        if event == "error" or chunk.get("error"):
-            raise self._error(f"error from the server mid-stream: {_message_of(chunk)}")
-        if isinstance(chunk.get("usage"), dict):
-            call.usage = chunk["usage"]
-        choices = chunk.get("choices") or []
-        if not isinstance(choices, list):
-            raise self._error(f"malformed stream: `choices` is not a list: {_clip(data)!r}")
-        text = []
-        for choice in choices:
-            if not isinstance(choice, dict):
-                raise self._error(f"malformed stream: a choice is not an object: {_clip(data)!r}")
-            text.append(_choice_text(choice))
-            call.finish_reason = choice.get("finish_reason") or call.finish_reason
-        delta = "".join(text)
-        if delta:
-            now = time.monotonic()
-            call.metrics.chunk_times.append(now)
-            call.metrics.token_times.append(now)
-            call.text.append(delta)
-            with self._lock:
-                self._num_output_tokens += 1
-            call.handle._push(delta, len(call.metrics.chunk_times))
-        return False
+    def _on_text(self, call: _Call, text: str, now: float) -> None:
+        """A content chunk arrived (its time is in `call.metrics.chunk_times` already)."""
+        call.metrics.token_times.append(now)
+        with self._lock:
+            self._num_output_tokens += 1
+        call.handle._push(text, len(call.metrics.chunk_times))
 
     def _finish(self, call: _Call, reason: str, error: str | None = None) -> None:
         """End a request once (later calls do nothing): count it, hand the output over."""
         now = time.monotonic()
-        usage = call.usage or {}
-        m = call.metrics
+        rec, m = call.record, call.metrics
         with self._lock:
             if call.done:
                 return
@@ -496,19 +457,15 @@ class RemoteSide(ServingBase):
             self._waiting.pop(rid, None)
             self._running.pop(rid, None)
             self._num_finished += 1
-            chunks = len(m.chunk_times)
-            tokens = max(_count(usage.get("completion_tokens")), chunks)
-            self._num_output_tokens += tokens - chunks
-        if m.token_times:
-            m.token_times += [m.token_times[-1]] * (tokens - chunks)
+            tokens = rec.output_tokens
+            self._num_output_tokens += tokens - len(m.token_times)
+        m.token_times[:] = rec.token_times()
         m.finish_time = now
-        details = usage.get("prompt_tokens_details")
-        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-        prompt_ids = [PLACEHOLDER_TOKEN] * _count(usage.get("prompt_tokens"))
+        prompt_ids = [PLACEHOLDER_TOKEN] * rec.prompt_tokens
         call.handle.prompt_token_ids = prompt_ids
         call.handle._finish(RequestOutput(
-            rid, prompt_ids, [PLACEHOLDER_TOKEN] * tokens, "".join(call.text), reason, m,
-            error=error, num_cached_tokens=cached))
+            rid, prompt_ids, [PLACEHOLDER_TOKEN] * tokens, rec.text, reason, m,
+            error=error, num_cached_tokens=rec.cached_tokens))
 
     # ---- server state ----------------------------------------------------------------
     def _refresh_state(self) -> None:
@@ -526,13 +483,33 @@ class RemoteSide(ServingBase):
         try:
             resp = await self._client.get(self.metrics_url,
                                           timeout=min(self.timeout, METRICS_TIMEOUT_S))
-            self._state = state_from_response(resp)
+            self._state = state = state_from_response(resp)
+            if state is not None:
+                with self._lock:
+                    self._history.append(StateSample(time.monotonic(), state))
         except httpx.HTTPError:  # keep the last reading; the requests say what is wrong
             log.debug("%s: /metrics not read", self._where, exc_info=True)
         finally:
             with self._lock:
                 self._state_busy = False
                 self._state_time = time.monotonic()
+
+    async def _watch_state(self) -> None:
+        """While requests are out, read /metrics every `STATE_POLL_S` (the history a chart
+        draws), and once more after the last one ends."""
+        try:
+            while True:
+                with self._lock:
+                    due = not self._state_busy
+                    self._state_busy = True
+                    out = bool(self._calls)
+                if due:
+                    await self._poll_state()
+                if not out:
+                    return
+                await asyncio.sleep(STATE_POLL_S)
+        finally:
+            self._watching = False
 
     # ---- shutting down -------------------------------------------------------------
     async def _close(self) -> None:
@@ -561,160 +538,11 @@ class RemoteSide(ServingBase):
     def _error(self, what: str) -> RemoteError:
         return RemoteError(f"{self._where}: {what}")
 
-    def _http_failure(self, status: int, body: bytes, what: str,
-                      model: str | None = None) -> str:
-        """What an HTTP error answer means, with the server's own message."""
-        detail = _server_message(body)
-        if status in (401, 403):
-            hint = "the API key was refused" if self._headers else "an API key is needed"
-            return f"{status} unauthorized: {hint} ({detail})"
-        if status == 404 and model is not None and _about_model(body):
-            return f"404 model {model!r} not found ({detail})"
-        if status == 404:
-            url = "its url" if self.name else self.url
-            return (f"404 not found: {what} (is {url} the /v1 base of an "
-                    f"OpenAI-compatible server?) ({detail})")
-        return f"HTTP {status} on {what}: {detail}"
-
 
 # ---- pure helpers ------------------------------------------------------------------------
-def _messages(prompt: Prompt) -> list[dict[str, Any]]:
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ValueError("prompt must not be empty")
-        return [{"role": "user", "content": prompt}]
-    if isinstance(prompt, list | tuple) and prompt and all(isinstance(m, dict) for m in prompt):
-        return [dict(m) for m in prompt]
-    raise ValueError("prompt: the chat API takes text or chat messages "
-                     "(token ids need api='completions')")
-
-
-def _completion_prompt(prompt: Prompt) -> str | list[int]:
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ValueError("prompt must not be empty")
-        return prompt
-    if isinstance(prompt, list | tuple) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt)
-    raise ValueError("prompt: the completions API takes text or token ids "
-                     "(chat messages need api='chat')")
-
-
-async def _sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
-    """(event type, data) of each server-sent event; comments, `id:`, `retry:` and lines
-    without a field name are skipped, as the SSE spec says."""
-    event, data = "message", []
-    async for line in lines:
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event = value
-    if data:
-        yield event, "\n".join(data)
-
-
-async def _drain(events: AsyncIterator[tuple[str, str]]) -> None:
-    async for _ in events:
-        pass
-
-
-def _choice_text(choice: dict[str, Any]) -> str:
-    """A choice's new text: completions' `text`, chat's `delta.content` (and a reasoning
-    model's `delta.reasoning_content`)."""
-    parts = [choice.get("text")]
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        parts += [delta.get("reasoning_content"), delta.get("content")]
-    return "".join(p for p in parts if isinstance(p, str))
-
-
-def _finish_reason(reason: Any) -> str:
-    return "length" if reason == "length" else "stop"
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _transport_failure(exc: httpx.HTTPError, timeout: float) -> str:
-    """What a transport error means, in a few words."""
-    if isinstance(exc, httpx.ConnectTimeout):
-        return f"timeout: no connection within {timeout:g} s"
-    if isinstance(exc, httpx.ReadTimeout):
-        return f"timeout: nothing received for {timeout:g} s"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"timeout: {type(exc).__name__} after {timeout:g} s"
-    if isinstance(exc, httpx.ConnectError):
-        causes = list(_causes(exc))
-        if any(isinstance(c, ConnectionRefusedError) for c in causes):
-            return "unreachable (connection refused)"
-        if any(isinstance(c, socket.gaierror) for c in causes):
-            return "unreachable (host name not found)"
-        return f"unreachable ({_clip(str(causes[-1])) or type(exc).__name__})"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return f"the connection broke mid-answer ({_clip(str(exc))})"
-    return f"{type(exc).__name__}: {_clip(str(exc))}"
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """An exception and the ones it was raised from (anyio's "All connection attempts
-    failed" hides the `ConnectionRefusedError` there)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
-
-
-def _parse(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
-def _message_of(obj: Any) -> str:
-    """The message of an error object in any server's shape: OpenAI's and llama.cpp's
-    {"error": {"message"}}, Ollama's {"error": "..."}, vLLM's older {"message"}."""
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict):
-            msg = err.get("message") or err.get("detail")
-            return _clip(str(msg)) if msg else _clip(json.dumps(err))
-        if err:
-            return _clip(str(err))
-    return _clip(json.dumps(obj))
-
-
-def _server_message(body: bytes) -> str:
-    obj = _parse(body)
-    if obj is None:
-        return _clip(body.decode("utf-8", "replace")) or "no message"
-    return _message_of(obj)
-
-
-def _about_model(body: bytes) -> bool:
-    """Whether a 404's body blames the model (OpenAI's code, vLLM's message, Ollama's)."""
-    obj = _parse(body)
-    err = obj.get("error", obj) if isinstance(obj, dict) else obj
-    if isinstance(err, dict):
-        return (err.get("code") == "model_not_found" or err.get("param") == "model"
-                or "model" in str(err.get("message", "")).lower())
-    return "model" in str(err).lower()
-
-
-def _clip(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+def _reason(record: StreamRecord) -> str:
+    """A finished stream's finish reason as the engine's ("length" or "stop")."""
+    return "length" if record.finish_reason == "length" else "stop"
 
 
 def _shown(url: object) -> str:

@@ -56,6 +56,14 @@ class ServerState:
     source: str
 
 
+@dataclass(frozen=True)
+class StateSample:
+    """One reading of a server's state and when it was taken (`time.monotonic()`)."""
+
+    time: float
+    state: ServerState
+
+
 def samples(text: str) -> dict[str, list[float]]:
     """Every sample's value by metric name (one entry per label set); comments, blank and
     unparsable lines are skipped."""

@@ -16,19 +16,22 @@ from engine import SamplingParams
 from engine.local import LocalPC
 from measure.hardware import Emulation
 from server.remote import RemoteSide
-from ui import charts, endpoints, frames, method, shared
+from ui import charts, endpoints, frames, hosting, inputs, method, server_charts, shared
 from ui.job_slot import JobSlot
 from ui.palette import SIDE_NAMES
 from workloads import scenarios
+from workloads.job import ENGINE_CHANGED
 from workloads.prompts import Chat, load_prompts, user_prompts
 from workloads.race import Race, RaceSnapshot, SideView
-from workloads.sides import SIDES
+from workloads.sides import LABELS, SIDES, count
 
 SLOT: JobSlot[Race] = JobSlot("arena_race")
 TITLES = {"local": f"{SIDE_NAMES['local']} — one user at a time",
           "datacenter": f"{SIDE_NAMES['datacenter']} — batched"}
 OTHERS = ("varied prompts", "the same prompt")
 KEY_SCENARIO = "arena_scenario"  # the scripted scenario last started, if any
+MAX_USERS, MAX_TOKENS = 64, 1024  # the page's ranges (the admin's caps may be lower)
+ENDED = ("stopped", "abandoned")
 NO_PACE = "this machine's real speed"
 # Projections the local side can be paced to: (hardware, model, precision) in measure/hardware.py
 EMULATIONS: dict[str, tuple[str, str, str] | None] = {
@@ -77,9 +80,11 @@ def controls() -> None:
         st.text_area("Your prompt", key="arena_prompt", height=150, disabled=running)
     with right:
         a, b = st.columns(2)
-        a.number_input("Users", 1, 64, 8, key="arena_users", disabled=running,
-                       help="You plus others who press Enter at the same moment.")
-        b.number_input("Max tokens", 1, 1024, 64, key="arena_max_tokens", disabled=running)
+        users = inputs.whole_number("Users", 1, MAX_USERS, 8, key="arena_users",
+                                    disabled=running, where=a,
+                                    help="You plus others who press Enter at the same moment.")
+        max_tokens = inputs.whole_number("Max tokens", 1, MAX_TOKENS, 64,
+                                         key="arena_max_tokens", disabled=running, where=b)
         st.slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="arena_temperature", disabled=running)
         st.radio("The other users send", OTHERS, key="arena_others", horizontal=True,
                  disabled=running)
@@ -91,9 +96,13 @@ def controls() -> None:
                      "projection of a bigger model on consumer hardware (measure/hardware.py); "
                      "the label says so wherever its figures appear.")
     empty = not ss["arena_prompt"].strip()
-    hint = SLOT.buttons("arena_stop", on_run=_on_run, run_key="arena_run", run_disabled=empty)
+    bad = users is None or max_tokens is None
+    hint = SLOT.buttons("arena_stop", on_run=_on_run, run_key="arena_run",
+                        run_disabled=empty or bad)
     if empty:
         hint.caption("Type a prompt (or pick a preset) to enable Run.")
+    elif bad:
+        hint.caption("Fix the number above to enable Run.")
     SLOT.show_error()
 
 
@@ -114,6 +123,9 @@ def _use_preset() -> None:
 
 def _on_run() -> None:
     ss = st.session_state
+    if (inputs.range_error("Users", ss["arena_users"], 1, MAX_USERS)
+            or inputs.range_error("Max tokens", ss["arena_max_tokens"], 1, MAX_TOKENS)):
+        return  # Run is disabled then; a stale click does nothing
     prompts, you = user_prompts(
         ss["arena_prompt"], int(ss["arena_users"]), ss["arena_others"] == OTHERS[0],
         bool(ss["arena_you_last"]), load_prompts().others)
@@ -127,8 +139,10 @@ def _race(prompts: list[Chat], params: SamplingParams, you: int,
           emulation: tuple[str, str, str] | None) -> Race:
     """A race on the shared engine (or a configured remote datacenter) and a local PC of
     its own (or a configured remote one), the sides it built shut down with the race.
-    Raises `ValueError` (nothing left running) on an impossible setting or an endpoint
-    that does not answer."""
+    Raises `ValueError` (nothing left running) on an impossible setting, an endpoint that
+    does not answer, a run over the admin's caps, or a shared engine whose queue is full."""
+    caps = hosting.caps()
+    caps.check(len(prompts), params.max_tokens, "race")
     device = st.session_state.get("arena_local_device", "cpu")
 
     def local_pc() -> LocalPC:
@@ -137,6 +151,8 @@ def _race(prompts: list[Chat], params: SamplingParams, you: int,
 
     with endpoints.sides("arena", shared.shared_engine().engine, local_pc) as (dc, local,
                                                                                 remote_dc):
+        if not remote_dc:
+            caps.check_queue(dc)
         return Race(dc, local, prompts, params, you=you, heartbeat_timeout=SLOT.heartbeat_s,
                     close_local=True, close_engine=remote_dc,
                     connected=shared.session_connected())
@@ -184,6 +200,8 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def _side_state(view: SideView, snap: RaceSnapshot) -> str:
+    if snap.phase in ENDED and view.started:
+        return f"Stopped: {view.users_finished} of {count(view.num_users, 'user')} finished."
     if view.finished:
         return "Done."
     if snap.phase == "waiting":
@@ -231,6 +249,7 @@ def server_panel(side: object) -> None:
     b.metric("Server: waiting", f"{state.waiting:.0f}")
     c.metric("Server: KV usage", "n/a" if state.kv_usage is None else f"{state.kv_usage:.0%}")
     st.caption(f"From the server's own /metrics ({state.source} names).")
+    server_charts.chart(side)  # the same state over time
 
 
 def live_charts(snap: RaceSnapshot) -> None:
@@ -242,12 +261,12 @@ def live_charts(snap: RaceSnapshot) -> None:
 
 def results(snap: RaceSnapshot) -> None:
     """The one-sentence summary and the per-request table with its CSV."""
-    if snap.error:
+    if snap.error and snap.error.startswith(ENGINE_CHANGED):
+        st.warning(snap.error)  # not an error of the race: the engine was replaced under it
+    elif snap.error:
         st.error(f"The race ended with an error: {snap.error}")
-    elif snap.phase == "abandoned":
-        st.warning("Abandoned: the page stopped refreshing, so the race cancelled its requests.")
-    elif snap.phase == "stopped":
-        st.warning("Stopped: every request of this race was cancelled and its KV blocks freed.")
+    elif snap.phase in ENDED:
+        st.warning(stopped_sentence(snap))
     elif snap.ratio is not None:
         with st.container(key="summary"):
             st.success(summary_sentence(snap))
@@ -256,6 +275,16 @@ def results(snap: RaceSnapshot) -> None:
         st.dataframe(df, hide_index=True)
         st.download_button("Download per-request metrics (CSV)", df.to_csv(index=False),
                            file_name="batchlens-arena.csv", mime="text/csv")
+
+
+def stopped_sentence(snap: RaceSnapshot) -> str:
+    """How a stopped (or abandoned) race ended: who finished on each side, in words."""
+    why = ("Abandoned: the page's connection closed, so the race stopped"
+           if snap.phase == "abandoned" else "Stopped")
+    done = [f"{v.users_finished} of {count(v.num_users, 'user')} finished on the "
+            f"{LABELS[name]}" for name, v in snap.sides.items() if v.started]
+    return (f"{why}: {'; '.join(done) or 'no user had started'}. The rest were cancelled and "
+            "their KV blocks freed.")
 
 
 def summary_sentence(snap: RaceSnapshot) -> str:

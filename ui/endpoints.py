@@ -8,6 +8,8 @@ Endpoints come from Streamlit secrets only, one `[[endpoints]]` table each::
     model = "meta-llama/Llama-3.1-8B-Instruct"   # optional: the first of /v1/models
     api_key = "..."                   # optional; never leaves the server
     role = "datacenter"               # or "local": one request at a time
+    timeout = 30                      # optional: seconds to wait to connect and between
+                                      # two reads of a stream (default 120)
 
 A visitor chooses among these names (next to this process's engine and the simulated
 local PC); there is no field where a URL can be typed, so the server only ever fetches
@@ -17,6 +19,7 @@ addresses the admin wrote down.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -38,6 +41,7 @@ class Endpoint:
     role: str
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    timeout: float | None = None  # None: RemoteSide's default
 
 
 def configured() -> list[Endpoint]:
@@ -57,8 +61,20 @@ def configured() -> list[Endpoint]:
         if e["name"] in IN_PROCESS.values() or any(o.name == e["name"] for o in out):
             raise ValueError(f"{where}: the name {e['name']!r} is taken")
         out.append(Endpoint(str(e["name"]), str(e["url"]), e["role"],
-                            e.get("model") or None, e.get("api_key") or None))
+                            e.get("model") or None, e.get("api_key") or None,
+                            _timeout(e.get("timeout"), f"{where} ({e['name']})")))
     return out
+
+
+def _timeout(value: object, where: str) -> float | None:
+    """An entry's optional `timeout` in seconds; `ValueError` naming the entry unless it
+    is a number > 0."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{where}: timeout must be a number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def choices(role: str) -> list[str]:
@@ -73,7 +89,9 @@ def remote_side(name: str, role: str) -> RemoteSide | None:
         return None
     for e in configured():
         if e.name == name and e.role == role:
-            return RemoteSide(e.url, model=e.model, api_key=e.api_key, role=role, name=e.name)
+            timeout = {} if e.timeout is None else {"timeout": e.timeout}
+            return RemoteSide(e.url, model=e.model, api_key=e.api_key, role=role, name=e.name,
+                              **timeout)
     raise ValueError(f"{role} side: no endpoint called {name!r} is configured")
 
 

@@ -24,13 +24,15 @@ from engine.engine import Engine
 from engine.local import LocalPC
 from measure.hardware import aggregate_tokens_per_s
 from measure.roofline import Roofline, model_profile_key, roofline, user_grid
-from ui import endpoints, method, shared
+from server.remote import RemoteSide
+from ui import endpoints, hosting, inputs, method, server_charts, shared
 from ui import sweep_charts as charts
 from ui.hardware_view import fmt_number, fmt_seconds, this_machine
 from ui.job_slot import HEARTBEAT_S, SLOW_REFRESH_S, JobSlot
 from ui.palette import DATACENTER, LOCAL
+from workloads.job import ENGINE_CHANGED
 from workloads.prompts import Chat, chat, load_prompts
-from workloads.sides import LABELS
+from workloads.sides import LABELS, count
 from workloads.sweep import (
     DEFAULT_DURATION_S,
     DEFAULT_MAX_TOKENS,
@@ -52,6 +54,7 @@ MODES = {"users": "Concurrent users (all send at once)",
          "rate": "Poisson arrivals (requests/s)"}
 PROMPTS = ("Varied short prompts", "One prompt for everyone")
 UNITS = {"users": "users", "rate_rps": "requests/s"}
+MAX_TOKENS = 256  # per request, the page's range (the admin's caps may be lower)
 
 
 def intro() -> None:
@@ -79,9 +82,9 @@ def controls() -> None:
             b.slider("Arrivals for (s)", 2, 60, int(DEFAULT_DURATION_S), key="sweep_duration",
                      disabled=running)
     with right:
-        st.number_input("Max tokens per request", 1, 256, DEFAULT_MAX_TOKENS,
-                        key="sweep_max_tokens", disabled=running,
-                        help="Every request makes exactly this many tokens (EOS ignored).")
+        inputs.whole_number("Max tokens per request", 1, MAX_TOKENS, DEFAULT_MAX_TOKENS,
+                            key="sweep_max_tokens", disabled=running,
+                            help="Every request makes exactly this many tokens (EOS ignored).")
         one = st.radio("Prompts", PROMPTS, key="sweep_prompts", horizontal=True,
                        disabled=running) == PROMPTS[1]
         if one:
@@ -91,9 +94,9 @@ def controls() -> None:
     hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
                         run_label="Run sweep", run_disabled=spec is None)
     if spec is not None:
-        hint.caption(f"{spec.num_requests} requests per side, {spec.max_tokens} tokens each; "
-                     "at each load the datacenter runs first, then the local PC: never both "
-                     "at once.")
+        hint.caption(f"{count(spec.num_requests, 'request')} per side, "
+                     f"{count(spec.max_tokens, 'token')} each; at each load the datacenter "
+                     "runs first, then the local PC: never both at once.")
     else:
         hint.caption(error)
     SLOT.show_error()
@@ -102,6 +105,10 @@ def controls() -> None:
 def _spec() -> tuple[SweepSpec | None, str]:
     """The sweep the controls describe, or None and why not."""
     ss = st.session_state
+    bad = inputs.range_error("Max tokens per request",
+                             ss.get("sweep_max_tokens", DEFAULT_MAX_TOKENS), 1, MAX_TOKENS)
+    if bad:
+        return None, "Fix the number above to enable Run sweep."
     try:
         if ss.get("sweep_mode", "users") == "users":
             levels = tuple(int(u) for u in ss.get("sweep_users", DEFAULT_USERS))
@@ -135,10 +142,15 @@ def _on_run() -> None:
 def _sweep(engine: Engine, prompts: list[Chat], spec: SweepSpec) -> Sweep:
     """A sweep on the shared engine (or a configured remote datacenter) and a local PC of
     its own (or a configured remote one), the sides it built shut down with the sweep.
-    Raises `ValueError` (nothing left running) on an impossible setting or an endpoint
-    that does not answer."""
+    Raises `ValueError` (nothing left running) on an impossible setting, an endpoint that
+    does not answer, a point over the admin's caps, or a shared engine whose queue is full."""
+    caps = hosting.caps()
+    caps.check(max(len(spec.arrivals(level)) for level in spec.levels), spec.max_tokens,
+               "sweep point")
     with endpoints.sides("sweep", engine, lambda: LocalPC(engine.loaded)) as (dc, local,
                                                                                remote_dc):
+        if not remote_dc:
+            caps.check_queue(dc)
         return Sweep(dc, local, prompts, spec, heartbeat_timeout=SLOT.heartbeat_s,
                      close_local=True, close_engine=remote_dc,
                      connected=shared.session_connected())
@@ -161,6 +173,7 @@ def _live_view(sweep: Sweep | None) -> None:
     points = charts.points_frame(rows(snap.points, sweep.spec) if snap else [])
     headline(points, x)
     main_charts(sweep, snap, points, x)
+    remote_servers(sweep)
     slo = goodput_section(sweep, snap, x)
     calculator(points, x)
     table(sweep, snap, slo)
@@ -176,14 +189,16 @@ def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
         return
     st.progress(snap.progress, text=f"{len(snap.points)} of {total} points in "
                                     f"{fmt_seconds(snap.elapsed)}")
-    if snap.error:
+    if snap.error and snap.error.startswith(ENGINE_CHANGED):
+        st.warning(f"{snap.error} The points measured before are below.")
+    elif snap.error:
         st.error(f"The sweep ended with an error: {snap.error}")
     elif snap.phase == "abandoned":
         st.warning("Abandoned: the page stopped refreshing, so the sweep cancelled its "
                    "requests. The points measured so far are below.")
     elif snap.phase == "stopped":
-        st.warning(f"Stopped after {len(snap.points)} of {total} points: the requests in "
-                   "flight were cancelled and their KV blocks freed.")
+        st.warning(f"Stopped after {len(snap.points)} of {count(total, 'point')}: the "
+                   "requests in flight were cancelled and their KV blocks freed.")
     else:
         with st.container(key="sweep-summary"):
             st.success(summary_sentence(charts.points_frame(rows(snap.points, sweep.spec)),
@@ -291,6 +306,21 @@ def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.Data
         st.caption("No roofline: measure/hardware.py has no profile for this model's shape.")
 
 
+def remote_servers(sweep: Sweep | None) -> None:
+    """Each remote side's own server state over the sweep, from its /metrics (nothing when
+    both sides run in this process)."""
+    remote = [(LABELS[name], side) for name, side in
+              (("datacenter", sweep.engine), ("local", sweep.local))
+              if isinstance(side, RemoteSide)] if sweep is not None else []
+    if not remote:
+        return
+    st.subheader("The remote servers' own state")
+    for cell, (label, side) in zip(st.columns(len(remote), gap="large"), remote, strict=True):
+        with cell:
+            st.caption(f"{label[:1].upper()}{label[1:]}: {side.name or 'remote endpoint'}")
+            server_charts.panel(side)
+
+
 def goodput_section(sweep: Sweep | None, snap: SweepSnapshot | None,
                     x: str) -> tuple[float, float]:
     """SLO sliders and goodput per point and side; returns (TTFT SLO s, TPOT SLO s)."""
@@ -324,8 +354,9 @@ def calculator(points: pd.DataFrame, x: str) -> None:
     dc, loc = _side(points, DATACENTER), _side(points, LOCAL)
     y = "throughput_tokens_per_s"
     if dc.empty:
-        st.info(f"{connected:,} connected users, {share}% active: {active:,} requests in "
-                f"flight needing {fmt_number(needed)} tokens/s. Run the sweep to measure "
+        st.info(f"{count(connected, 'connected user')}, {share}% active: "
+                f"{count(active, 'request')} in flight needing {fmt_number(needed)} tokens/s. "
+                "Run the sweep to measure "
                 "what this machine can serve.")
         return
     best = dc.loc[dc[y].idxmax()]
@@ -336,7 +367,8 @@ def calculator(points: pd.DataFrame, x: str) -> None:
     f.metric("Measured capacity (tokens/s)", fmt_number(capacity),
              help=f"The best datacenter total of the sweep, at {best[x]:g} {UNITS[x]}")
     g.metric("Machines like this one", f"{math.ceil(needed / capacity):,}")
-    text = (f"{connected:,} connected users with {share}% active are {active:,} requests in "
+    text = (f"{count(connected, 'connected user')} with {share}% active "
+            f"{'is' if active == 1 else 'are'} {count(active, 'request')} in "
             f"flight: {active:,} × {fmt_number(each)} = {fmt_number(needed)} tokens/s. Only "
             f"active users draw on the machine, so the sizing is active users × tokens/s each, "
             f"not 1/{connected:,} of the machine per connected user: this machine's measured "
@@ -344,10 +376,12 @@ def calculator(points: pd.DataFrame, x: str) -> None:
     if not loc.empty:
         local_best = float(loc[y].max())
         text += (f" One user at a time, as the local PC serves ({fmt_number(local_best)} "
-                 f"tokens/s), it would take {math.ceil(needed / local_best):,} machines.")
+                 f"tokens/s), it would take "
+                 f"{count(math.ceil(needed / local_best), 'machine')}.")
     st.write(text)
     if x == "users" and active > dc[x].max():
-        st.caption(f"Measured up to {dc[x].max():g} users at once; {active:,} active users is "
+        st.caption(f"Measured up to {count(int(dc[x].max()), 'user')} at once; "
+                   f"{count(active, 'active user')} is "
                    "beyond what this sweep measured, so the capacity is a measured figure, not "
                    "a projection for that batch.")
 

@@ -11,6 +11,14 @@ rates), on the datacenter engine and on the local PC, one side at a time::
 "rate" mode: requests arrive as a Poisson process at the point's rate (requests/s) for
 `duration_s` seconds, the first at t=0; the same seeded arrivals on both sides.
 
+A side may be a remote server (`server.remote.RemoteSide`, an endpoint the admin
+configured). It takes a point's requests like any side, and sends, reads and measures each
+one with `server.stream_client.stream`, the function `batchlens bench serve`'s load
+generator (`measure.bench.serve.run_load`) streams with: the same request body for the same
+prompt and settings, TTFT/ITL stamped on the same chunk arrivals, tokens counted from the
+same usage chunk. So a remote point is measured as the load generator measures it, while
+its arrivals, stop button and summaries stay the sweep's own.
+
 A background thread runs the points; `snapshot()` is a copy, safe from any thread; `stop()`
 cancels the requests in flight (their blocks are freed) and ends the sweep with the points
 finished so far. Every figure comes from `engine.metrics` (the page draws the roofline of
@@ -38,9 +46,9 @@ from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ServingSide
 from measure.cpu_load import cpu_sample, others_busy
-from workloads.job import BackgroundJob
+from workloads.job import CANCEL_GRACE_S, BackgroundJob, engine_changed
 from workloads.prompts import chat, varied_prompts
-from workloads.sides import LABELS, SIDES, check_order, prompts_for
+from workloads.sides import LABELS, SIDES, check_order, prompts_for_sides
 
 MODES = ("users", "rate")
 DEFAULT_USERS = (1, 2, 4, 8, 16, 32, 64)
@@ -48,7 +56,6 @@ DEFAULT_RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_DURATION_S = 10.0
 MAX_USERS = 256
-CANCEL_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -172,8 +179,8 @@ class Sweep(BackgroundJob):
         self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
         self.num_prompts = len(prompts)
         # what each side is sent: token ids where it tokenizes, else the prompt itself
-        self.side_prompts = {name: prompts_for(name, server, prompts, self.params)
-                             for name, server in (("datacenter", engine), ("local", local))}
+        self.side_prompts = prompts_for_sides({"datacenter": engine, "local": local}, prompts,
+                                              self.params)
         self.num_threads = torch.get_num_threads()
         self._total = 2 * self.spec.num_requests
         self._points: list[SweepPoint] = []
@@ -236,8 +243,14 @@ class Sweep(BackgroundJob):
                 prompts = self.side_prompts[side]
                 ids = prompts[sent % len(prompts)]
                 rid = f"{self.job_id}-{side[:2]}{index}-u{sent}"
+                try:
+                    handle = server.submit(ids, self.params, rid)
+                except RuntimeError:
+                    if server.stats(steps_after=None).stopped == "shut down":
+                        raise engine_changed("sweep") from None  # replaced, then drained
+                    raise
                 with self._lock:
-                    self._handles.append(server.submit(ids, self.params, rid))
+                    self._handles.append(handle)
                 sent += 1
             for h in self._handles:
                 h.poll()  # drain streamed text; only the final metrics are used
@@ -256,6 +269,9 @@ class Sweep(BackgroundJob):
             if all_sent and all(h.done for h in self._handles):
                 break
             wait = self.interval
+            if self._stop.is_set():  # not _stop.wait: once set, it would spin
+                time.sleep(wait)
+                continue
             if sent < len(arrivals):
                 wait = min(wait, max(t0 + arrivals[sent] - now, 0.0))
             self._stop.wait(wait)
@@ -276,9 +292,8 @@ class Sweep(BackgroundJob):
         errors = [o.error for o in outputs if o.finish_reason == "error"]
         if errors:
             raise RuntimeError(f"{LABELS[side]}: {errors[0]}")
-        if any(o.finish_reason == "cancelled" for o in outputs):
-            raise RuntimeError(f"{LABELS[side]}: requests were cancelled outside this sweep "
-                               "(was the shared engine rebuilt?)")
+        if any(o.finish_reason == "cancelled" for o in outputs):  # a shut-down side:
+            raise engine_changed("sweep")  # the shared engine, replaced by the admin
 
     def _other_requests(self) -> int:
         stats = self.engine.stats(steps_after=None)

@@ -7,8 +7,10 @@
 
 Requests arrive at seeded gamma-distributed gaps (mean 1 / rate, shape `burstiness`: 1 is
 Poisson, below 1 burstier; rate `inf` sends every request at t=0), at most
-`max_concurrency` in flight. Each streams (`stream_options.include_usage`); on arrival of
-each chunk with content the client stamps `time.monotonic()`:
+`max_concurrency` in flight. Each streams (`stream_options.include_usage`) through
+`server.stream_client`, the one streaming client the remote serving side
+(`server.remote.RemoteSide`) uses too; on arrival of each chunk with content it stamps
+`time.monotonic()`:
 
 - TTFT: request sent -> first content chunk; E2E: -> last content chunk;
 - ITL: every gap between two content chunks;
@@ -43,14 +45,17 @@ from typing import Any
 
 import httpx
 
+from engine.config import SamplingParams
 from engine.metrics import RequestMetrics, goodput, percentile, summarize
 from measure.bench.requests import BenchRequest, make_requests, tokenize_corpus
+from server import stream_client
 from server.remote_metrics import metrics_url, samples
+from server.stream_client import StreamError, StreamRecord, http_failure, transport_failure
 
 PROG = "batchlens bench serve"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 API_KEY_ENV = "OPENAI_API_KEY"
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+ENDPOINTS = {api: f"/v1/{path}" for api, path in stream_client.APIS.items()}
 DATASETS = ("bundled", "random", "bench-mix")
 SLO_KEYS = ("ttft", "tpot")
 TIMEOUT_S = 300.0
@@ -139,25 +144,11 @@ def headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _error_message(url: str, status: int, body: bytes) -> str:
-    """`url: HTTP status: the server's message` (OpenAI's error body, else the text)."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        err = json.loads(text).get("error")
-        detail = err.get("message") if isinstance(err, dict) else (err or text)
-    except (ValueError, AttributeError):
-        detail = text[:300]
-    hint = {401: "; pass --api-key or set $" + API_KEY_ENV,
-            403: "; pass --api-key or set $" + API_KEY_ENV}.get(status, "")
-    return f"{url}: HTTP {status}: {detail}{hint}"
-
-
-def _transport_message(url: str, exc: Exception, timeout: float) -> str:
-    if isinstance(exc, httpx.TimeoutException):
-        return f"{url}: timed out (nothing for {timeout:g}s)"
-    if isinstance(exc, httpx.ConnectError):
-        return f"{url}: unreachable ({exc or type(exc).__name__})"
-    return f"{url}: {type(exc).__name__}: {exc}"
+def _key_hint(message: str) -> str:
+    """A 401's message with where the key goes."""
+    if " unauthorized: " in message:
+        return f"{message}; pass --api-key or set ${API_KEY_ENV}"
+    return message
 
 
 def list_models(base_url: str, api_key: str | None = None,
@@ -167,9 +158,11 @@ def list_models(base_url: str, api_key: str | None = None,
     try:
         resp = httpx.get(url, headers=headers(api_key), timeout=timeout)
     except httpx.HTTPError as exc:
-        raise EndpointError(_transport_message(url, exc, timeout)) from None
+        raise EndpointError(f"{url}: {transport_failure(exc, timeout)}") from None
     if resp.status_code != 200:
-        raise EndpointError(_error_message(url, resp.status_code, resp.content))
+        what = http_failure(resp.status_code, resp.content, "GET /v1/models",
+                            keyed=bool(api_key), where=api_root(base_url))
+        raise EndpointError(f"{url}: {_key_hint(what)}")
     try:
         return [m["id"] for m in resp.json()["data"]]
     except (ValueError, KeyError, TypeError):
@@ -212,81 +205,33 @@ def server_means(before: dict[str, tuple[float, float]] | None,
 # ---- one streamed request ------------------------------------------------------------------
 def request_body(model: str, req: LoadRequest, endpoint: str, ignore_eos: bool,
                  temperature: float) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": req.max_tokens,
-                            "temperature": temperature, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    if endpoint == "chat":
-        if not isinstance(req.prompt, str):
-            raise ValueError("the chat endpoint needs text prompts, not token ids")
-        body["messages"] = [{"role": "user", "content": req.prompt}]
-    else:
-        body["prompt"] = req.prompt if isinstance(req.prompt, str) else list(req.prompt)
-    if ignore_eos:  # vLLM's extension; sent only when asked, other servers may refuse it
-        body["ignore_eos"] = True
-    return body
-
-
-def _content(chunk: dict[str, Any]) -> str:
-    """The text a chunk brings (completions' `text`, chat's `delta.content` or
-    `delta.reasoning_content`)."""
-    out = []
-    for choice in chunk.get("choices") or ():
-        if choice.get("text"):
-            out.append(choice["text"])
-        delta = choice.get("delta") or {}
-        out += [delta[k] for k in ("content", "reasoning_content") if delta.get(k)]
-    return "".join(out)
+    """The body the remote serving side would send for the same prompt and settings
+    (`server.stream_client.request_body`); `ValueError` naming the prompt when the
+    endpoint cannot take it (token ids on the chat endpoint)."""
+    params = SamplingParams(max_tokens=req.max_tokens, temperature=temperature,
+                            ignore_eos=ignore_eos)
+    prompt = req.prompt if isinstance(req.prompt, str) else list(req.prompt)
+    return stream_client.request_body(model, endpoint, prompt, params)
 
 
 async def stream_request(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                          prompt_len: int | None = None, timeout: float = TIMEOUT_S,
-                         ) -> RequestResult:
-    """POST one streaming request to `url`; never raises: a failure is the result's
-    `error`, naming `url`."""
+                         keyed: bool = False) -> RequestResult:
+    """POST one streaming request to `url` with `server.stream_client.stream`; never
+    raises: a failure is the result's `error`, naming `url`."""
     res = RequestResult(start=time.monotonic(), prompt_tokens=prompt_len or 0)
-    usage = None
-    texts: list[str] = []
+    record = StreamRecord(chunk_times=res.chunk_times)
     try:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                res.error = _error_message(url, resp.status_code, await resp.aread())
-                return res
-            event = None
-            async for line in resp.aiter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                    continue
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    chunk = None
-                if not isinstance(chunk, dict):
-                    res.error = f"{url}: malformed stream: {data[:200]!r}"
-                    return res
-                if event == "error" or "error" in chunk:
-                    err = chunk.get("error")
-                    msg = err.get("message") if isinstance(err, dict) else err or chunk
-                    res.error = f"{url}: error in the stream: {msg}"
-                    return res
-                if text := _content(chunk):
-                    res.chunk_times.append(time.monotonic())
-                    texts.append(text)
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-    except Exception as exc:  # a transport failure, or a body httpx cannot read
-        res.error = _transport_message(url, exc, timeout)
-        return res
-    res.text = "".join(texts)
-    res.output_tokens = len(res.chunk_times)
-    if usage:
-        res.output_tokens = usage.get("completion_tokens") or res.output_tokens
-        res.prompt_tokens = usage.get("prompt_tokens") or res.prompt_tokens
-    if not res.chunk_times:
+        await stream_client.stream(client, url, body, record, timeout=timeout, keyed=keyed,
+                                   where=url.rpartition("/v1/")[0] + "/v1")
+    except StreamError as exc:
+        res.error = f"{url}: {_key_hint(str(exc))}"
+    except Exception as exc:  # a bug must fail this request only
+        res.error = f"{url}: {type(exc).__name__}: {exc}"
+    res.text = record.text
+    res.output_tokens = record.output_tokens
+    res.prompt_tokens = record.prompt_tokens or res.prompt_tokens
+    if res.error is None and not res.chunk_times:
         res.error = f"{url}: the stream ended without any content"
     return res
 
@@ -338,7 +283,8 @@ async def run_load_async(
     async def one(i: int, t0: float) -> RequestResult:
         await asyncio.sleep(max(0.0, t0 + delays[i] - time.monotonic()))
         async with gate or contextlib.nullcontext():
-            res = await stream_request(client, url, bodies[i], requests[i].prompt_len, timeout)
+            res = await stream_request(client, url, bodies[i], requests[i].prompt_len, timeout,
+                                       keyed=bool(api_key))
         if on_result is not None:
             on_result(res)
         return res
@@ -347,7 +293,8 @@ async def run_load_async(
                                  headers=headers(api_key)) as client:
         if warmup and requests:
             body = request_body(model, WARMUP, endpoint, ignore_eos, temperature)
-            test = await stream_request(client, url, body, timeout=timeout)
+            test = await stream_request(client, url, body, timeout=timeout,
+                                        keyed=bool(api_key))
             if not test.ok:
                 raise EndpointError(test.error or f"{url}: no content")
         before = await asyncio.to_thread(scrape) if scrape else None

@@ -237,13 +237,15 @@ def test_usage_counts_tokens_and_chunks_count_without_it(canned):
 
 def test_stream_failures_name_the_endpoint(canned):
     _, url = canned
-    want = {"malformed": "malformed stream: '{oops'", "error": "error in the stream: "
-            "engine fell over", "empty": "the stream ended without any content"}
+    # the messages of the one streaming client (server.stream_client), as a remote side's
+    want = {"malformed": "malformed stream: an event is not JSON: '{oops'",
+            "error": "error from the server mid-stream: engine fell over",
+            "empty": "the stream ended without any content"}
     for model, message in want.items():
         r = load(url, model).results[0]
         assert not r.ok and r.error == f"{url}/v1/completions: {message}"
     r = load(url, "slow", timeout=0.3).results[0]
-    assert r.error == f"{url}/v1/completions: timed out (nothing for 0.3s)"
+    assert r.error == f"{url}/v1/completions: timeout: nothing received for 0.3 s"
     with pytest.raises(EndpointError, match="malformed stream"):
         run_load(url, "malformed", [LoadRequest("hi", 4)])  # the warm-up must succeed
 
@@ -310,15 +312,16 @@ def test_command_errors_name_the_endpoint(keyed, capsys, monkeypatch):
     assert f"error: {url}/v1/models: unreachable" in capsys.readouterr().err
     assert serve.main(["--base-url", keyed, "--num-prompts", "1"]) == 1
     err = capsys.readouterr().err
-    assert f"{keyed}/v1/models: HTTP 401: missing API key" in err and "--api-key" in err
+    assert f"{keyed}/v1/models: 401 unauthorized: an API key is needed (missing API key" in err
+    assert "--api-key" in err
     assert serve.main(["--base-url", keyed, "--api-key", "bad", "--num-prompts", "1"]) == 1
-    assert "HTTP 401: invalid API key" in capsys.readouterr().err
+    assert "401 unauthorized: the API key was refused (invalid API key)" in capsys.readouterr().err
     monkeypatch.setenv(serve.API_KEY_ENV, "k")
     assert serve.main(["--base-url", keyed + "/v1", "--model", "nope", "--num-prompts",
                        "1"]) == 1
     err = capsys.readouterr().err
     assert "'nope' is not among /v1/models (stub-model)" in err
-    assert f"{keyed}/v1/completions: HTTP 404: The model `nope` does not exist" in err
+    assert f"{keyed}/v1/completions: 404 model 'nope' not found (The model `nope` does not exist" in err
 
 
 def test_command_prints_and_saves_the_figures(canned, tmp_path, capsys):

@@ -36,9 +36,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from engine import Engine, SamplingParams
-from server.remote import PLACEHOLDER_TOKEN, RemoteError, RemoteSide
+from measure.bench.serve import LoadRequest, run_load
+from server.remote import PLACEHOLDER_TOKEN, STATE_POLL_S, RemoteError, RemoteSide
 from server.routes import api_routes
+from workloads.prompts import chat
 from workloads.race import Race
+from workloads.sweep import Sweep, SweepSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_S = 30.0  # the longest any stand-in request may take
@@ -474,6 +477,59 @@ def test_server_state_is_polled_at_most_every_half_second(side_of, script):
         assert script.metrics_gets - gets <= 4
     finally:
         script.metrics_text = None
+
+
+def test_the_servers_state_is_kept_over_time_while_requests_are_out(side_of, script):
+    script.metrics_text = VLLM_METRICS
+    try:
+        side = side_of()
+        assert len(side.server_history()) == 1  # the reading at construction
+        results([side.submit("slow one")])  # five chunks 100 ms apart
+        # read when the request went out, every half second while it was out, once after
+        wait_for(lambda: len(side.server_history()) >= 3, timeout=5,
+                 message="no readings while the request was out")
+        history = side.server_history()
+        times = [s.time for s in history]
+        assert times == sorted(times) and times[-1] - times[1] >= STATE_POLL_S * 0.9
+        assert {(s.state.running, s.state.waiting, s.state.kv_usage, s.state.source)
+                for s in history} == {(3.0, 1.0, 0.5, "vllm")}
+        time.sleep(3 * STATE_POLL_S)
+        gets = script.metrics_gets
+        time.sleep(3 * STATE_POLL_S)
+        assert script.metrics_gets == gets  # nothing out: no polling
+    finally:
+        script.metrics_text = None
+
+
+def test_a_server_without_metrics_is_not_polled_and_has_no_history(side_of, script):
+    script.metrics_text = None
+    side = side_of()
+    gets = script.metrics_gets
+    results([side.submit("slow one")])
+    assert script.metrics_gets == gets and side.server_history() == []
+    assert side.server_state() is None
+
+
+# ---- the sweep's remote path is the load generator's ----------------------------------------
+def test_a_sweeps_remote_side_and_the_load_generator_send_and_count_alike(side_of, script,
+                                                                          stub_url):
+    """A sweep whose sides are remote and `batchlens bench serve`'s `run_load` stream each
+    request with the same function (server.stream_client.stream): the same body for the
+    same prompt and settings, the same tokens counted from the same stream."""
+    sweep = Sweep(side_of(), side_of(role="local"), [chat("good day")],
+                  SweepSpec("users", (2,), max_tokens=5), heartbeat_timeout=None).start()
+    assert sweep.join(timeout=RESULT_S)
+    snap = sweep.snapshot()
+    assert snap.phase == "done", snap.error
+    swept = [json.dumps(b, sort_keys=True) for b in script.bodies]
+    script.reset()
+    load = run_load(stub_url, STUB, [LoadRequest("good day", 5)] * 2, endpoint="chat",
+                    ignore_eos=True, warmup=False)
+    assert [json.dumps(b, sort_keys=True) for b in script.bodies] * 2 == swept
+    assert len(set(swept)) == 1 and json.loads(swept[0])["ignore_eos"] is True
+    counted = [len(m.token_times) for p in snap.points for m in p.metrics]
+    assert counted == [r.output_tokens for r in load.results] * 2 == [5] * 4  # usage, not chunks
+    assert [len(r.chunk_times) for r in load.results] == [3, 3]
 
 
 # ---- real batchlens servers ---------------------------------------------------------------
