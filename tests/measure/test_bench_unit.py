@@ -130,3 +130,13 @@ def test_saved_json_reprints_the_same_report(tmp_path):
     head, _, body = report_saved([str(path)]).partition("\n\n")
     assert head.startswith("model m on cpu, dtype bfloat16, 2 threads; 4 requests (seed 0)")
     assert body == report(results)
+
+
+@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--requests", "0"]])
+def test_bench_api_rejects_fewer_than_one_pair_or_request(argv, capsys):
+    from measure.bench import api
+
+    with pytest.raises(SystemExit) as exit_:
+        api.main(argv)
+    assert exit_.value.code == 2
+    assert "--requests and --repeat must be >= 1" in capsys.readouterr().err
