@@ -344,11 +344,13 @@ def calculator(points: pd.DataFrame, x: str) -> None:
     """Connected users × active share × tokens/s each, against the measured capacity."""
     st.subheader("Connected users are not active users")
     a, b, c = st.columns(3)
-    connected = int(a.number_input("Connected users", 1, 100_000_000, 1000, 100,
-                                   key="sweep_connected"))
+    connected = inputs.whole_number("Connected users", 1, 100_000_000, 1000,
+                                    key="sweep_connected", where=a)
     share = b.slider("Active at any moment (%)", 1, 100, 10, key="sweep_active_pct")
-    each = float(c.number_input("Tokens/s each active user needs", 0.5, 1000.0, 10.0, 0.5,
-                                key="sweep_each"))
+    each = inputs.number("Tokens/s each active user needs", 0.5, 1000.0, 10.0, step=0.5,
+                         key="sweep_each", where=c)
+    if connected is None or each is None:
+        return  # the box says what is allowed
     active = max(1, math.ceil(connected * share / 100))
     needed = aggregate_tokens_per_s(active, each)
     dc, loc = _side(points, DATACENTER), _side(points, LOCAL)

@@ -114,3 +114,15 @@ def test_rate_mode_sweeps_poisson_arrivals_without_a_roofline():
     requests = len(sweep_of(at).spec.arrivals(4.0))
     assert list(table["rate_rps"]) == [4.0, 4.0] and list(table["requests"]) == [requests] * 2
     assert any("No roofline in rate mode" in c.value for c in at.caption)
+
+
+def test_the_calculator_names_an_out_of_range_number_instead_of_dropping_it():
+    at = sweep_page()
+    at.number_input(key="sweep_each").set_value(5000.0).run()
+    at.number_input(key="sweep_connected").set_value(0).run()
+    errors = [e.value for e in at.error]
+    assert ("Tokens/s each active user needs: 5,000 is out of range; enter a number from "
+            "0.5 to 1,000") in errors
+    assert ("Connected users: 0 is out of range; enter a whole number from 1 to "
+            "100,000,000") in errors
+    assert not at.exception

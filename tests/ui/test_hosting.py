@@ -106,3 +106,12 @@ def test_a_full_queue_refuses_new_runs_with_the_apis_wording():
 def test_an_out_of_range_number_gets_a_message(value, message):
     got = range_error("Users", value, 1, 64)
     assert got == message if message is None else got.startswith(message)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (0.25, "Tokens/s: 0.25 is out of range; enter a number from 0.5 to 1,000"),
+    (5000.0, "Tokens/s: 5,000 is out of range; enter a number from 0.5 to 1,000"),
+    (2.5, None),
+])
+def test_an_out_of_range_fraction_gets_a_message(value, message):
+    assert range_error("Tokens/s", value, 0.5, 1000.0, whole=False) == message
