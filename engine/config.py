@@ -22,6 +22,21 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> N
 
 
 GREEDY_EPS = 1e-5
+SPECULATIVE_METHODS = ("ngram",)
+MAX_SPECULATIVE_TOKENS = 16
+MAX_PROMPT_LOOKUP = 16
+
+
+def check_speculative(method: str | None, num_speculative_tokens: int,
+                      prompt_lookup_min: int, prompt_lookup_max: int) -> None:
+    """Raise `ValueError` naming the field when a speculative-decoding setting is wrong
+    (shared by `EngineConfig` and the local PC)."""
+    if method is not None and method not in SPECULATIVE_METHODS:
+        raise ValueError(f"speculative must be None or one of {SPECULATIVE_METHODS}, "
+                         f"got {method!r}")
+    _check_int("num_speculative_tokens", num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+    _check_int("prompt_lookup_min", prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
+    _check_int("prompt_lookup_max", prompt_lookup_max, prompt_lookup_min, MAX_PROMPT_LOOKUP)
 
 
 @dataclass
@@ -36,6 +51,10 @@ class EngineConfig:
         (tokens already computed), so that one step of a long prompt stays short and a
         cancel (Stop, a closed tab, a dropped HTTP client) takes effect within a step;
         a chunk is never cut below `MIN_PREFILL_CHUNK` tokens. None: no cap.
+    speculative: "ngram" turns on speculative decoding by n-gram prompt lookup (see
+        engine/speculative.py); None (the default) leaves it off. Up to
+        `num_speculative_tokens` drafts per step are proposed by matching the last
+        `prompt_lookup_max` down to `prompt_lookup_min` tokens against earlier text.
     """
 
     model: str | None = None
@@ -50,6 +69,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     num_threads: int | None = None
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -73,6 +96,8 @@ class EngineConfig:
             _check_int("max_model_len", self.max_model_len, 2)
         if self.num_threads is not None:
             _check_int("num_threads", self.num_threads, 1, 1024)
+        check_speculative(self.speculative, self.num_speculative_tokens,
+                          self.prompt_lookup_min, self.prompt_lookup_max)
 
 
 @dataclass

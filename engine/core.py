@@ -6,6 +6,9 @@ One step is three calls, and `step()` makes them in order::
     out   = core.execute(batch)      the model's forward and sampling (never raises)
     done  = core.update(batch, out)  tokens appended, text decoded, finished requests freed
 
+With speculative decoding (`speculation` set), `update` also proposes each continuing
+request's drafts for the next step, and applies verifications (engine/speculative.py).
+
 A test drives `add`, `abort` and `step()` directly with a stand-in model runner; the
 threaded `engine.engine.Engine` wraps the same calls with an inbox, a lock and streaming
 handles. Every request is one `Request` (its sequence, detokenizer and generator), so
@@ -24,10 +27,16 @@ import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import KVCacheManager
-from engine.outputs import RequestHandle, RequestOutput
+from engine.outputs import RequestHandle, RequestOutput, append_token, make_output
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
-from engine.stopping import append_token, make_output
+from engine.speculative import (
+    NgramProposer,
+    SpecDecodeStats,
+    Speculation,
+    append_verified,
+    draft_limit,
+)
 
 MAX_RECORDED_STEPS = 16384
 # With CUDA graphs for decode, new requests are admitted once 1/8 of the slots are free
@@ -42,7 +51,7 @@ class StepRunner(Protocol):
     def execute(
         self, entries: list[tuple[Sequence, int]], block_tables: dict[str, list[int]],
         generators: dict[str, torch.Generator | None],
-    ) -> dict[int, int]: ...
+    ) -> dict[int, int | list[int]]: ...
 
 
 @dataclass(eq=False)
@@ -53,6 +62,7 @@ class Request:
     detok: IncrementalDetokenizer
     generator: torch.Generator | None = None
     handle: RequestHandle | None = None  # set by the threaded engine; the core ignores it
+    proposer: NgramProposer | None = None  # speculative decoding's drafts for this request
 
     @property
     def request_id(self) -> str:
@@ -72,15 +82,18 @@ class StepStats:
     kv_usage: float
     kv_used_slots: int
     kv_reserved_slots: int
+    num_draft_tokens: int = 0  # speculative drafts verified in this step
+    num_accepted_tokens: int = 0  # of those, accepted
 
 
 @dataclass
 class ModelOutput:
-    """What `execute` produced: entry index -> sampled token, or the error that failed it."""
+    """What `execute` produced: entry index -> sampled token (a verification: the accepted
+    drafts, then one sampled token), or the error that failed it."""
 
     start: float
     end: float
-    sampled: dict[int, int]
+    sampled: dict[int, int | list[int]]
     error: str | None = None
 
 
@@ -101,8 +114,11 @@ class EngineCore:
     def __init__(
         self, runner: StepRunner, kv: KVCacheManager, scheduler: Scheduler, tokenizer: Any,
         eos_token_ids: frozenset[int], max_model_len: int,
+        speculation: Speculation | None = None,
     ) -> None:
         self.runner, self.kv, self.scheduler = runner, kv, scheduler
+        self.speculation = speculation
+        self.spec = SpecDecodeStats()
         self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
         self.max_model_len = max_model_len
         self.requests: dict[str, Request] = {}
@@ -119,6 +135,8 @@ class EngineCore:
     def add(self, request: Request) -> None:
         """Queue a request (validated by the caller)."""
         assert request.request_id not in self.requests, request.request_id
+        if self.speculation is not None and request.proposer is None:
+            request.proposer = self.speculation.proposer()
         self.requests[request.request_id] = request
         if request.generator is not None:
             self.generators[request.request_id] = request.generator
@@ -164,32 +182,52 @@ class EngineCore:
         eos, max_len = self.eos_token_ids, self.max_model_len
         updates: list[RequestUpdate | None] = []
         finished: list[tuple[int, Request, str]] = []  # freed after the step's KV stats
-        n_dec = n_tokens = 0
+        n_dec = n_tokens = n_draft = n_accepted = n_out = 0
         for i, (seq, n) in enumerate(entries):  # one pass: this runs for every request
-            computed = seq.num_computed_tokens + n
             n_tokens += n
-            if n == 1 and computed == seq.num_tokens:
-                n_dec += 1  # a decode token: the request's last token, computed alone
-            seq.num_computed_tokens = computed
-            record(seq.request_id, seq.token_ids, computed)
-            token = sampled.get(i)
-            if token is None:
-                continue
-            request = requests[seq.request_id]
+            if seq.spec_token_ids:  # a verification of drafts (speculative decoding)
+                tokens = sampled[i]
+                n_dec += 1
+                n_draft += len(seq.spec_token_ids)
+                n_accepted += len(tokens) - 1
+                self.spec.observe(len(seq.spec_token_ids), len(tokens) - 1)
+                request = requests[seq.request_id]
+                before = len(seq.output_token_ids)
+                reason = append_verified(seq, tokens, end, request.detok, eos, max_len)
+                n_out += len(seq.output_token_ids) - before
+                record(seq.request_id, seq.token_ids, seq.num_computed_tokens)
+                if not reason:  # roll back: blocks past the verified tokens are freed
+                    self.kv.truncate(seq.request_id, seq.num_computed_tokens)
+            else:
+                computed = seq.num_computed_tokens + n
+                if n == 1 and computed == seq.num_tokens:
+                    n_dec += 1  # a decode token: the request's last token, computed alone
+                seq.num_computed_tokens = computed
+                record(seq.request_id, seq.token_ids, computed)
+                token = sampled.get(i)
+                if token is None:
+                    continue
+                request = requests[seq.request_id]
+                reason = append_token(seq, token, end, request.detok, eos, max_len)
+                n_out += 1
             detok = request.detok
-            reason = append_token(seq, token, end, detok, eos, max_len)
             if reason:
                 finished.append((len(updates), request, reason))
                 updates.append(None)
             else:
                 updates.append(RequestUpdate(request, detok.delta(), len(seq.output_token_ids)))
-        self.num_output_tokens += len(sampled)
+                if request.proposer is not None:  # the drafts the next step verifies
+                    limit = draft_limit(seq, max_len)
+                    if limit > 0:
+                        seq.spec_token_ids = request.proposer.propose(seq.token_ids, limit)
+        self.num_output_tokens += n_out
         kvs = self.kv.stats()  # as the step left it, before finished requests free blocks
         self.steps.append(StepStats(
             start=out.start, duration=out.end - out.start, num_seqs=len(entries),
-            num_prefill_tokens=n_tokens - n_dec, num_decode_tokens=n_dec,
+            num_prefill_tokens=n_tokens - n_dec - n_draft, num_decode_tokens=n_dec,
             num_preempted=batch.num_preempted, kv_usage=kvs.usage,
             kv_used_slots=kvs.used_slots, kv_reserved_slots=kvs.reserved_slots,
+            num_draft_tokens=n_draft, num_accepted_tokens=n_accepted,
         ))
         self.num_steps += 1
         for k, request, reason in finished:

@@ -29,11 +29,11 @@ from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, Request, RequestUpdate, StepStats
 from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats, check_pool_memory
 from engine.models.loaded import LoadedModel
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, make_output
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.serving import ALL_STEPS, ServingBase, ServingStats, check_fit
-from engine.stopping import make_output
+from engine.speculative import Speculation
 
 DEFAULT_CPU_KV_GB = 1.0
 DEFAULT_GPU_KV_FRACTION = 0.4
@@ -68,10 +68,13 @@ class Engine(ServingBase):
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_prefill_attention)
+        self.speculation = Speculation.from_config(config)
         self.runner = ModelRunner(self.loaded.model, num_blocks, config.block_size,
                                   max_num_seqs=config.max_num_seqs)
+        self.runner.speculative = self.speculation is not None
         self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
-                               self.loaded.eos_token_ids, self.max_model_len)
+                               self.loaded.eos_token_ids, self.max_model_len,
+                               self.speculation)
         self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
         self._inbox: list[Request] = []
         self._state_lock = threading.Lock()
@@ -125,6 +128,7 @@ class Engine(ServingBase):
                 kv=kv,
                 recent_steps=self._steps_after(steps_after),
                 stopped=self.stopped_reason,
+                spec=core.spec.copy() if self.speculation is not None else None,
             )
 
     def _steps_after(self, after: float | None) -> tuple[StepStats, ...]:
@@ -175,8 +179,9 @@ class Engine(ServingBase):
                                        cfg.max_prefill_attention)
             self.scheduler.num_preemptions = old.scheduler.num_preemptions
             self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
-                                   self.loaded.eos_token_ids, self.max_model_len)
-            self.core.steps = old.steps
+                                   self.loaded.eos_token_ids, self.max_model_len,
+                                   self.speculation)
+            self.core.steps, self.core.spec = old.steps, old.spec
             self.core.num_steps, self.core.num_finished, self.core.num_output_tokens = (
                 old.num_steps, old.num_finished, old.num_output_tokens)
         with self._cond:

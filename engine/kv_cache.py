@@ -309,7 +309,26 @@ class KVCacheManager:
         table = self.block_tables.pop(request_id, [])
         self._num_hashed.pop(request_id, None)
         self._num_tokens.pop(request_id, None)
-        for bid in reversed(table):  # tail first, so it is evicted first
+        self._release(reversed(table))  # tail first, so it is evicted first
+
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Free a request's blocks past those holding its first `num_tokens` tokens: the
+        rollback of rejected speculative drafts. Blocks it keeps are untouched; the ones
+        freed were never hashed (only verified, full blocks are). The table is replaced by
+        a new, shorter list, so holders of the old one see it changed."""
+        table = self.block_tables[request_id]
+        keep = self.blocks_needed(num_tokens)
+        if len(table) <= keep:
+            return
+        assert keep >= self._num_hashed.get(request_id, 0), "a hashed block is verified"
+        self.block_tables[request_id] = table[:keep]
+        self._num_tokens[request_id] = min(self._num_tokens.get(request_id, 0), num_tokens)
+        self._release(reversed(table[keep:]))
+
+    def _release(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference to each block; a block nobody holds becomes cached (it has a
+        live prefix-cache hash) or free."""
+        for bid in block_ids:
             blk = self.blocks[bid]
             blk.ref_count -= 1
             assert blk.ref_count >= 0

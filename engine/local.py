@@ -10,6 +10,11 @@ laid end to end, so the same `ModelRunner` and forward serve both sides::
     contiguous buffer of n_ctx slots = blocks 0, 1, 2, ... n_ctx/16-1 in order
     request using 37 tokens          -> block table [0, 1, 2]; slots 37..n_ctx-1 reserved, unused
 
+With `speculative="ngram"` it decodes speculatively as the engine does (n-gram prompt
+lookup, engine/speculative.py): the drafts and the last token are one short chunk on the
+contiguous cache; rejected drafts' K/V lie past `num_computed_tokens` and are overwritten
+later (the buffer is reserved whole, so nothing is freed).
+
 With a device and model profile the local PC is *emulated*: it still computes real tokens
 with the bundled model but releases them no faster than the roofline projection for that
 pair ("a 7B model on an RTX 4060 laptop"), and labels its outputs so.
@@ -24,10 +29,11 @@ from typing import Protocol
 from engine.config import SamplingParams
 from engine.core import Request
 from engine.models.loaded import LoadedModel
+from engine.outputs import append_token, make_output
 from engine.runner import ModelRunner
 from engine.sequence import Status
 from engine.serving import ALL_STEPS, ServingBase, ServingStats, check_fit
-from engine.stopping import append_token, make_output
+from engine.speculative import SpecDecodeStats, Speculation, append_verified, draft_limit
 
 DEFAULT_N_CTX = 2048  # the local PC's context window, reserved whole per request
 LOCAL_BLOCK = 16
@@ -53,10 +59,14 @@ class LocalPC(ServingBase):
     def __init__(
         self, loaded: LoadedModel | None = None, *, n_ctx: int = DEFAULT_N_CTX,
         pacing: Pacing | None = None, model: str | None = None, device: str = "auto",
-        dtype: str = "auto",
+        dtype: str = "auto", speculative: str | None = None, num_speculative_tokens: int = 4,
+        prompt_lookup_min: int = 2, prompt_lookup_max: int = 4,
     ) -> None:
         if not isinstance(n_ctx, int) or n_ctx < 2:
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
+        self.speculation = Speculation.of(speculative, num_speculative_tokens,
+                                          prompt_lookup_min, prompt_lookup_max)
+        self.spec = SpecDecodeStats()
         self.pacing = pacing
         self.loaded = loaded or LoadedModel.load(model, device, dtype)
         spec = self.loaded.model.spec
@@ -68,6 +78,7 @@ class LocalPC(ServingBase):
         self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
         num_blocks = -(-n_ctx // LOCAL_BLOCK)
         self.runner = ModelRunner(self.loaded.model, num_blocks, LOCAL_BLOCK)
+        self.runner.speculative = self.speculation is not None
         self._queue: deque[Request] = deque()
         self._current: Request | None = None
         self._num_finished = self._num_output_tokens = 0
@@ -95,6 +106,7 @@ class LocalPC(ServingBase):
                 max_num_running=1,
                 n_ctx=self.n_ctx,
                 emulated=self.pacing.label if self.pacing else None,
+                spec=self.spec.copy() if self.speculation is not None else None,
             )
 
     def shutdown(self) -> None:
@@ -102,6 +114,7 @@ class LocalPC(ServingBase):
         with self._cond:
             while self._queue:
                 self._finish(self._queue.popleft(), "cancelled")
+        self.runner.release_kv()  # a finished race kept on screen holds no reservation
 
     # ---- internals -----------------------------------------------------------------
     def _check_fits(self, token_ids: list[int], p: SamplingParams) -> None:
@@ -137,6 +150,7 @@ class LocalPC(ServingBase):
         pace = self.pacing
         if pace:
             release += pace.prefill_seconds(len(seq.prompt_token_ids))
+        proposer = self.speculation.proposer() if self.speculation is not None else None
         reason, error = None, None
         try:
             while reason is None:
@@ -146,19 +160,33 @@ class LocalPC(ServingBase):
                         reason = "cancelled"
                         break
                 n = min(seq.num_remaining, PREFILL_CHUNK)
+                if proposer is not None and n == 1:
+                    seq.spec_token_ids = proposer.propose(seq.token_ids,
+                                                          draft_limit(seq, self.n_ctx))
+                    n += len(seq.spec_token_ids)
                 sampled = self.runner.execute([(seq, n)], table, gens)
-                with self._cond:
-                    seq.num_computed_tokens += n
                 if not sampled:
+                    with self._cond:
+                        seq.num_computed_tokens += n
                     continue
+                tokens = sampled[0] if isinstance(sampled[0], list) else [sampled[0]]
                 if pace:
-                    release += pace.decode_seconds(seq.num_tokens) if seq.output_token_ids else 0
+                    if seq.output_token_ids:
+                        release += sum(pace.decode_seconds(seq.num_tokens + j)
+                                       for j in range(len(tokens)))
                     delay = release - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
                     release = max(release, time.monotonic())
-                reason = append_token(seq, sampled[0], time.monotonic(), detok, eos, self.n_ctx)
-                self._num_output_tokens += 1
+                before, now = len(seq.output_token_ids), time.monotonic()
+                if seq.spec_token_ids:
+                    self.spec.observe(len(seq.spec_token_ids), len(tokens) - 1)
+                    reason = append_verified(seq, tokens, now, detok, eos, self.n_ctx)
+                else:
+                    with self._cond:
+                        seq.num_computed_tokens += n
+                    reason = append_token(seq, tokens[0], now, detok, eos, self.n_ctx)
+                self._num_output_tokens += len(seq.output_token_ids) - before
                 if reason is None and handle is not None:
                     handle._push(detok.delta(), len(seq.output_token_ids))
         except Exception as exc:  # a failed request must not stop the queue

@@ -1,7 +1,9 @@
-"""What callers get back: `RequestOutput` and a streaming `RequestHandle`.
+"""What callers get back: `RequestOutput` and a streaming `RequestHandle`; and what
+happens when a token is sampled (`append_token`, `make_output`).
 
-Both the datacenter engine and the local PC return these types, so the UI and the
-benchmark treat the two sides alike.
+Both the datacenter engine and the local PC return these types and share the token
+logic: append the token, time-stamp it, detokenize it, and decide whether the request
+is done. So the UI and the benchmark treat the two sides alike.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from engine.detokenizer import IncrementalDetokenizer
 from engine.metrics import RequestMetrics
+from engine.sequence import Sequence
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -28,6 +32,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     emulated: str | None = None  # set when the local side is paced to a projected device
+    num_drafts: int = 0  # speculative decoding: steps that verified drafts
+    num_draft_tokens: int = 0  # drafts verified
+    num_accepted_tokens: int = 0  # drafts accepted
 
     @property
     def ttft(self) -> float | None:
@@ -122,3 +129,44 @@ class RequestHandle:
             raise TimeoutError(f"request {self.request_id} not finished after {timeout}s")
         assert self._output is not None
         return self._output
+
+
+def append_token(
+    seq: Sequence, token: int, now: float, detok: IncrementalDetokenizer,
+    eos_token_ids: frozenset[int], max_model_len: int,
+) -> str | None:
+    """Record one sampled token; return a finish reason ("stop"/"length") or None."""
+    seq.output_token_ids.append(token)
+    seq.metrics.token_times.append(now)
+    p = seq.params
+    may_stop = len(seq.output_token_ids) > p.min_tokens  # vLLM's min_tokens
+    if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids)):
+        return "stop"
+    detok.add(token)
+    if detok.stopped:
+        return "stop"
+    if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= max_model_len:
+        return "length"
+    return None
+
+
+def make_output(
+    seq: Sequence, detok: IncrementalDetokenizer, reason: str, error: str | None = None,
+    emulated: str | None = None,
+) -> RequestOutput:
+    """The final `RequestOutput` of a finished request."""
+    return RequestOutput(
+        request_id=seq.request_id,
+        prompt_token_ids=seq.prompt_token_ids,
+        token_ids=list(seq.output_token_ids),
+        text=detok.text,
+        finish_reason=reason,
+        metrics=seq.metrics,
+        error=error,
+        num_cached_tokens=seq.num_cached_tokens,
+        num_preemptions=seq.num_preemptions,
+        emulated=emulated,
+        num_drafts=seq.num_drafts,
+        num_draft_tokens=seq.num_draft_tokens,
+        num_accepted_tokens=seq.num_accepted_tokens,
+    )

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import compute
+from engine import compute, speculative
 from engine.models import native, paged_decode
 from engine.models.attention import (
     AttentionMetadata,
@@ -90,6 +90,23 @@ def padded_sizes(max_num_seqs: int) -> list[int]:
     sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
     sizes += range(16, max_num_seqs, 16)
     return sizes + [max_num_seqs]
+
+
+def row_bucket(rows: int) -> int:
+    """Row count a CPU step's flat batch is padded up to: exact up to 32, then every 4 up
+    to 128, every 16 up to 512, every 64 up to 2,048, then every 256 (at most ~3% padded
+    rows on average past 32).
+
+    oneDNN keeps memory for every new matmul row count it meets on a bfloat16 CPU (about
+    0.3-0.7 MiB each, not returned when its primitive cache evicts them): measured on the
+    2-core EPYC, 600 distinct counts grew a process by ~800 MiB, while the same counts
+    rounded to 38 sizes grew it by ~100 MiB and then not at all. A server meeting every
+    prompt length would grow for hours; bucketed, the set of shapes is bounded.
+    """
+    if rows <= 32:
+        return rows
+    step = 4 if rows <= 128 else 16 if rows <= 512 else 64 if rows <= 2048 else 256
+    return -(-rows // step) * step
 
 
 class BlockTables:
@@ -181,11 +198,22 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.sizes: list[int] = padded_sizes(max_num_seqs) if max_num_seqs else []
         self.padded_decode = False  # decode-only steps through the padded path
+        # bucket the eager path's row counts where oneDNN would keep a kernel per count
+        self.bucket_rows = getattr(model, "cpu_onednn_matmuls", False)
+        # the CPU kernel attends prefill rows too (each row a query over its own prefix)
+        self.paged_prefill = (dev.type == "cpu" and self.decode_kernel is not None
+                              and model.dtype != torch.float32)
+        self.speculative = False  # set where requests may bring drafts to verify
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._buffers: dict[str, torch.Tensor] = {}
         use_graphs = os.environ.get("BATCHLENS_CUDA_GRAPHS", "1") != "0"
         if dev.type == "cuda" and self.decode_kernel is not None and self.sizes and use_graphs:
             compute.run(self.capture_graphs)
+
+    def release_kv(self) -> None:
+        """Drop the KV tensors (after the loop has stopped): no step runs after this."""
+        self.kv_caches = []
+        self._buffers = {}
 
     def _allocate(
         self, spec: ModelSpec, num_blocks: int, block_size: int
@@ -255,6 +283,9 @@ class ModelRunner:
         parts_ids, parts_pos, parts_slots = [], [], []
         logits_rows: list[int] = []
         sampled: list[int] = []
+        d: DecodeRows | None = None
+        chunk_tables: list[list[int]] = []  # each prefill chunk's block table
+        kernel_rows = self.paged_prefill and self.decode_kernel is not None
         if decode:
             if self.decode_kernel is None:
                 # sorted by context length, so similar lengths share a padded group
@@ -279,22 +310,67 @@ class ModelRunner:
             start = seq.num_computed_tokens
             table = block_tables[seq.request_id]
             ids.extend(seq.token_ids[start : start + n])
+            drafts = seq.spec_token_ids
+            if drafts:  # speculative decoding: the last token, then the drafts to verify
+                ids.extend(drafts)
             pos.extend(range(start, start + n))
             slots.extend(self._slots(table, start, start + n))
             ctx = start + n
-            index = self._gather_index(table[: -(-ctx // bs)]) if start > 0 else None
+            index = None
+            if start > 0 and not kernel_rows:
+                index = self._gather_index(table[: -(-ctx // bs)])
             meta.prefills.append(PrefillChunk(row, n, ctx, index))
-            if ctx == seq.num_tokens:
-                logits_rows.append(row + n - 1)
-                sampled.append(i)
+            chunk_tables.append(table)
+            if ctx == seq.num_tokens + len(drafts):  # sampled: every verified position
+                logits_rows.extend(range(row + n - 1 - len(drafts), row + n))
+                sampled.extend([i] * (len(drafts) + 1))
             row += n
-        if prefill:
+        if self.bucket_rows and (pad := row_bucket(row) - row):
+            # padding rows: a request of their own attending only to itself, positions
+            # 0.., writing into the dummy block past the pool; nothing reads them back
+            ids.extend([0] * pad)
+            pos.extend(range(pad))
+            slots.extend(self.dummy_block * bs + i % bs for i in range(pad))
+            meta.prefills.append(PrefillChunk(row, pad, pad, None))
+            row += pad
+        if kernel_rows and meta.prefills:
+            self._kernel_rows(meta, d, chunk_tables)
+        if ids:
             parts_ids.append(torch.tensor(ids))
             parts_pos.append(torch.tensor(pos))
             parts_slots.append(torch.tensor(slots))
+        if self.bucket_rows and logits_rows:
+            # the LM head's rows too: repeat the last one (the caller keeps len(sampled))
+            logits_rows += logits_rows[-1:] * (row_bucket(len(logits_rows)) - len(logits_rows))
         meta.slot_mapping = _cat(parts_slots).to(dev)
         return (_cat(parts_ids).to(dev), _cat(parts_pos).to(dev), meta,
                 torch.tensor(logits_rows, dtype=torch.long).to(dev), sampled)
+
+    def _kernel_rows(self, meta: AttentionMetadata, d: DecodeRows | None,
+                     chunk_tables: list[list[int]]) -> None:
+        """Every row of the step to the CPU kernel, which reads K/V in place: the decode rows
+        as they are, each prefill row with its request's block table and its own position + 1
+        keys (causal: the chunk's K/V are already in the cache), a padding chunk past
+        `chunk_tables` one key of the dummy block. No gathered copy, no SDPA call per chunk."""
+        bs, chunks = self.block_size, meta.prefills
+        num_rows = chunks[-1].start + chunks[-1].length
+        widths = [-(-c.context_len // bs) for c in chunks[: len(chunk_tables)]]
+        width = max(widths + ([d.tables.shape[1]] if d is not None else []) + [1])
+        tables = np.zeros((num_rows, width), dtype=np.int32)
+        lens = np.ones(num_rows, dtype=np.int32)
+        if d is not None:
+            s, w = d.tables.shape
+            tables[:s, :w], lens[:s] = d.tables.numpy(), d.context_lens.numpy()
+        for k, c in enumerate(chunks):
+            rows = slice(c.start, c.start + c.length)
+            if k < len(chunk_tables):
+                tables[rows, : widths[k]] = chunk_tables[k][: widths[k]]
+                lens[rows] = np.arange(c.prior_len + 1, c.context_len + 1, dtype=np.int32)
+            else:
+                tables[rows, 0] = self.dummy_block
+        meta.kernel_decode = KernelDecode(self.decode_kernel, torch.from_numpy(tables),
+                                          torch.from_numpy(lens))
+        meta.prefills = []
 
     def _decode_groups(self, meta: AttentionMetadata, d: DecodeRows) -> None:
         """The torch path: decode rows (sorted by length) in groups padded separately."""
@@ -404,11 +480,12 @@ class ModelRunner:
         entries: list[tuple[Sequence, int]],
         block_tables: dict[str, list[int]],
         generators: dict[str, torch.Generator | None],
-    ) -> dict[int, int]:
+    ) -> dict[int, int | list[int]]:
         """Run one step on the compute thread; map entry index -> sampled token for the
-        requests whose last token was computed."""
+        requests whose last token was computed (for one verifying drafts: the accepted
+        drafts, then one sampled token)."""
 
-        def step() -> dict[int, int]:
+        def step() -> dict[int, int | list[int]]:
             if (self.padded_decode and self.sizes and len(entries) <= self.sizes[-1]
                     and all(n == 1 for _, n in entries)):
                 d = self.decode_rows(entries, list(range(len(entries))), block_tables)
@@ -416,7 +493,10 @@ class ModelRunner:
             else:
                 ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
                 logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
+                logits = logits[: len(sampled)]  # rows past them pad a bucket
             seqs = [entries[i][0] for i in sampled]
+            if self.speculative and any(s.spec_token_ids for s in seqs):
+                return speculative.verify_batch(logits, entries, sampled, generators)
             if any(not s.params.greedy for s in seqs):
                 gens = [generators.get(s.request_id) for s in seqs]
                 tokens = sample(logits, [s.params for s in seqs], gens)

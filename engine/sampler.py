@@ -89,3 +89,11 @@ def sample(
         seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generators[i]))
         noise[j].exponential_(generator=_row_generator(dev, seed))
     return chosen.index_copy(0, index, (probs / noise).argmax(dim=-1)).tolist()
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from a row of (possibly unnormalised) probabilities, by the exponential
+    race as `sample` draws: a seed from the request's `generator` seeds the device's noise."""
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
+    noise = torch.empty_like(probs).exponential_(generator=_row_generator(probs.device, seed))
+    return int((probs / noise).argmax())

@@ -6,6 +6,10 @@ requests are admitted FCFS while budget, `max_num_seqs` and free blocks allow. A
 prompt is prefilled in chunks across steps while others keep decoding. When blocks run
 out, the newest running request is preempted: its blocks are freed and it goes back to
 the front of the queue, to be recomputed later (its prefix may still be cached).
+
+With speculative decoding a decoding request also brings its drafts (`spec_token_ids`):
+they take budget and blocks like prompt tokens, are trimmed to what the budget leaves,
+and are dropped rather than preempt anyone when blocks run short.
 """
 
 from __future__ import annotations
@@ -79,10 +83,13 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             computed = seq.num_computed_tokens
-            n = min(seq.num_tokens - computed, budget)
+            drafts = seq.spec_token_ids  # speculative decoding: verified with the last token
+            n = min(seq.num_tokens - computed + len(drafts), budget)
             cap = prefill_chunk_cap(computed, self.max_prefill_attention)
             if cap is not None and n > cap:
                 n = cap
+            if drafts:
+                n = self._fit_drafts(seq, n)
             table = tables.get(seq.request_id)
             # most decode steps fit the blocks a request holds (it needs a new one every
             # block_size tokens): only ask the KV manager when they do not
@@ -127,10 +134,21 @@ class Scheduler:
             budget -= n
         return batch
 
+    def _fit_drafts(self, seq: Sequence, n: int) -> int:
+        """Trim a request's drafts to the `n` tokens the budget gives it, and drop them when
+        the blocks they need are not free (drafts never preempt anyone); its tokens now."""
+        drafts, computed = seq.spec_token_ids, seq.num_computed_tokens
+        remaining = seq.num_tokens - computed
+        del drafts[max(n - remaining, 0) :]
+        if drafts and not self.kv.allocate(seq.request_id, computed + remaining + len(drafts)):
+            drafts.clear()
+        return remaining + len(drafts)
+
     def _preempt(self, seq: Sequence) -> None:
         """Free a running request's blocks and requeue it at the front for recompute."""
         self.running.remove(seq)
         self.kv.free(seq.request_id)
+        seq.spec_token_ids = []
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1

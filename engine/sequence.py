@@ -4,6 +4,11 @@ Progress is tracked only by `num_computed_tokens` against `num_tokens` (prompt p
 output so far), so chunked prefill, prefix-cache hits and preemption need no special
 cases: a request needs `num_tokens - num_computed_tokens` more tokens computed, and is
 sampled in the step where that reaches zero.
+
+Speculative decoding adds `spec_token_ids`: drafts proposed for the positions after the
+last token, computed in the same step as it (their K/V written past `num_tokens`) and
+verified there; only accepted ones join `output_token_ids`, and `num_computed_tokens`
+counts only verified tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     cancel_requested: bool = False
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts for the next step
+    num_drafts: int = 0  # steps that verified drafts of this request
+    num_draft_tokens: int = 0  # drafts verified
+    num_accepted_tokens: int = 0  # of those, accepted
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 
     @property

@@ -28,6 +28,7 @@ from engine.models.loaded import LoadedModel, Prompt
 from engine.outputs import RequestHandle, RequestOutput
 from engine.sampler import make_generator
 from engine.sequence import Sequence
+from engine.speculative import SpecDecodeStats
 
 # The loop's compute thread gives the GIL up around every tensor op and must win it back
 # from whatever else runs Python in the process (a page's script runs, a race's sampler).
@@ -86,6 +87,7 @@ class ServingStats:
     n_ctx: int | None = None
     emulated: str | None = None
     stopped: str | None = None  # why the side no longer serves (None: it serves)
+    spec: SpecDecodeStats | None = None  # speculative decoding's counters (None: it is off)
 
 
 class ServingSide(Protocol):

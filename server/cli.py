@@ -2,6 +2,7 @@
 
     batchlens serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-waiting N]
         [--requests-per-minute N] [--tokens-per-minute N] [engine flags]
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}']
 
 One engine is built at start (the model loads once) and serves every request; the API key
 comes from `--api-key` or the environment variable BATCHLENS_API_KEY (none: no auth;
@@ -12,6 +13,7 @@ one. Prometheus metrics are served at /metrics.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -56,7 +58,31 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                      help="token budget of one step (default: %(default)s)")
     eng.add_argument("--no-prefix-caching", action="store_true",
                      help="turn the prefix cache off")
+    eng.add_argument("--speculative-config", metavar="JSON",
+                     help='speculative decoding, as vLLM\'s flag: e.g. \'{"method": "ngram", '
+                     '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                     '"prompt_lookup_min": 2}\' (default: off)')
     return ap
+
+
+SPEC_KEYS = {"method": "speculative", "num_speculative_tokens": "num_speculative_tokens",
+             "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max"}
+
+
+def speculative_fields(text: str | None) -> dict[str, Any]:
+    """`--speculative-config` as `EngineConfig` fields; `ValueError` naming what is wrong."""
+    if not text:
+        return {}
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--speculative-config: not JSON ({exc.msg})") from None
+    if not isinstance(given, dict) or "method" not in given:
+        raise ValueError('--speculative-config: a JSON object with "method" is needed')
+    if unknown := sorted(set(given) - set(SPEC_KEYS)):
+        raise ValueError(f"--speculative-config: unknown keys {unknown} "
+                         f"(known: {', '.join(SPEC_KEYS)})")
+    return {SPEC_KEYS[k]: v for k, v in given.items()}
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -65,7 +91,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_memory_gb,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching)
+        enable_prefix_caching=not args.no_prefix_caching,
+        **speculative_fields(args.speculative_config))
 
 
 def metrics_for(engine: Any) -> Any | None:

@@ -9,7 +9,10 @@ Every name is vLLM's (`vllm/v1/metrics/loggers.py`) with `batchlens:` in place o
   browser's, the API's, a workload's) and the totals survive an engine rebuild:
   `prompt_tokens_total`, `generation_tokens_total`, `prefix_cache_queries_total` and
   `prefix_cache_hits_total` (tokens), `num_preemptions_total`,
-  `request_success_total{finished_reason}`;
+  `request_success_total{finished_reason}`, and speculative decoding's
+  `spec_decode_num_drafts_total` (verification steps with drafts),
+  `spec_decode_num_draft_tokens_total` and `spec_decode_num_accepted_tokens_total`
+  (vllm/v1/spec_decode/metrics.py; zero while speculation is off);
 - histograms, with vLLM's bucket lists, fed by the same listener:
   `time_to_first_token_seconds`, `inter_token_latency_seconds` (every gap between two
   output tokens), `e2e_request_latency_seconds`, `request_queue_time_seconds`.
@@ -72,6 +75,9 @@ class _Series:
         self.prefix_queries = m.prefix_queries.labels(name)
         self.prefix_hits = m.prefix_hits.labels(name)
         self.preemptions = m.preemptions.labels(name)
+        self.spec_drafts = m.spec_drafts.labels(name)
+        self.spec_draft_tokens = m.spec_draft_tokens.labels(name)
+        self.spec_accepted_tokens = m.spec_accepted_tokens.labels(name)
         self.success = {label: m.request_success.labels(name, label)
                         for label in dict.fromkeys(FINISHED_REASONS.values())}
         self.ttft = m.ttft.labels(name)
@@ -84,6 +90,10 @@ class _Series:
         self.success[FINISHED_REASONS.get(out.finish_reason, "error")].inc()
         self.generation_tokens.inc(len(out.token_ids))
         self.preemptions.inc(out.num_preemptions)
+        if out.num_drafts:
+            self.spec_drafts.inc(out.num_drafts)
+            self.spec_draft_tokens.inc(out.num_draft_tokens)
+            self.spec_accepted_tokens.inc(out.num_accepted_tokens)
         if m.queue_time is not None:  # scheduled: prefilled and looked up
             n_prompt = len(out.prompt_token_ids)
             self.prompt_tokens.inc(n_prompt)
@@ -160,6 +170,12 @@ class ServerMetrics:
         self.preemptions = Counter(PREFIX + "num_preemptions",
                                    "Cumulative number of preemption from the engine.", labels,
                                    registry=reg)
+        self.spec_drafts = Counter(PREFIX + "spec_decode_num_drafts",
+                                   "Number of spec decoding drafts.", labels, registry=reg)
+        self.spec_draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens",
+                                         "Number of draft tokens.", labels, registry=reg)
+        self.spec_accepted_tokens = Counter(PREFIX + "spec_decode_num_accepted_tokens",
+                                            "Number of accepted tokens.", labels, registry=reg)
         self.request_success = Counter(PREFIX + "request_success",
                                        "Count of successfully processed requests.",
                                        [LABEL, "finished_reason"], registry=reg)

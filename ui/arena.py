@@ -19,7 +19,7 @@ from server.remote import RemoteSide
 from ui import charts, endpoints, frames, hosting, inputs, method, server_charts, shared
 from ui.job_slot import JobSlot
 from ui.palette import SIDE_NAMES
-from workloads import scenarios
+from workloads import scenarios, speculation
 from workloads.job import ENGINE_CHANGED
 from workloads.prompts import Chat, load_prompts, user_prompts
 from workloads.race import Race, RaceSnapshot, SideView
@@ -89,6 +89,7 @@ def controls() -> None:
         st.radio("The other users send", OTHERS, key="arena_others", horizontal=True,
                  disabled=running)
         st.checkbox("Put me last in line", key="arena_you_last", disabled=running)
+        _speculation_switches(running)
         _local_device_choice(running)
         endpoints.pickers("arena", running)
         st.selectbox("Pace the local PC to", list(EMULATIONS), key="arena_pace",
@@ -104,6 +105,19 @@ def controls() -> None:
     elif bad:
         hint.caption("Fix the number above to enable Run.")
     SLOT.show_error()
+
+
+def _speculation_switches(running: bool) -> None:
+    """Speculative decoding on or off for each side (in-process sides only)."""
+    a, b = st.columns(2)
+    tip = ("Speculative decoding by n-gram prompt lookup: up to 4 tokens guessed from "
+           "earlier text are checked in one step; it pays when the answer copies the "
+           "prompt. The same tokens come out (greedy), only faster or slower.")
+    a.toggle("Local PC: speculative decoding", key="arena_spec_local", disabled=running,
+             help=tip)
+    b.toggle("Datacenter: speculative decoding", key="arena_spec_dc", disabled=running,
+             help=tip + " The datacenter side then runs on an engine of its own, built on "
+             "the shared weights, unless the shared engine already speculates so.")
 
 
 def _local_device_choice(running: bool) -> None:
@@ -132,13 +146,17 @@ def _on_run() -> None:
     SLOT.start(lambda: _race(
         prompts, SamplingParams(max_tokens=int(ss["arena_max_tokens"]),
                                 temperature=float(ss["arena_temperature"])),
-        you, EMULATIONS.get(ss.get("arena_pace", NO_PACE))))
+        you, EMULATIONS.get(ss.get("arena_pace", NO_PACE)),
+        spec_local=bool(ss.get("arena_spec_local")), spec_dc=bool(ss.get("arena_spec_dc"))))
 
 
 def _race(prompts: list[Chat], params: SamplingParams, you: int,
-          emulation: tuple[str, str, str] | None) -> Race:
+          emulation: tuple[str, str, str] | None, *, spec_local: bool = False,
+          spec_dc: bool = False) -> Race:
     """A race on the shared engine (or a configured remote datacenter) and a local PC of
-    its own (or a configured remote one), the sides it built shut down with the race.
+    its own (or a configured remote one), the sides it built shut down with the race;
+    `spec_local` / `spec_dc`: speculative decoding on that side (in-process sides; the
+    datacenter then gets an engine of its own unless the shared one already matches).
     Raises `ValueError` (nothing left running) on an impossible setting, an endpoint that
     does not answer, a run over the admin's caps, or a shared engine whose queue is full."""
     caps = hosting.caps()
@@ -147,15 +165,24 @@ def _race(prompts: list[Chat], params: SamplingParams, you: int,
 
     def local_pc() -> LocalPC:
         pacing = Emulation(*emulation) if emulation else None
-        return LocalPC(shared.local_model(device), pacing=pacing)
+        return LocalPC(shared.local_model(device), pacing=pacing,
+                       speculative="ngram" if spec_local else None)
 
     with endpoints.sides("arena", shared.shared_engine().engine, local_pc) as (dc, local,
                                                                                 remote_dc):
+        own = None
         if not remote_dc:
             caps.check_queue(dc)
-        return Race(dc, local, prompts, params, you=you, heartbeat_timeout=SLOT.heartbeat_s,
-                    close_local=True, close_engine=remote_dc,
-                    connected=shared.session_connected())
+            own = speculation.engine_with_speculation(dc, spec_dc, prompts, params.max_tokens)
+        try:
+            return Race(own or dc, local, prompts, params, you=you,
+                        heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
+                        close_engine=remote_dc or own is not None,
+                        connected=shared.session_connected())
+        except BaseException:
+            if own is not None:
+                own.shutdown()
+            raise
 
 
 def start_scenario(key: str) -> None:
@@ -165,6 +192,7 @@ def start_scenario(key: str) -> None:
     ss["arena_prompt"] = sc.prompts[0][-1]["content"]
     ss["arena_users"], ss["arena_max_tokens"] = sc.num_users, sc.max_tokens
     ss["arena_temperature"] = 0.0
+    ss["arena_spec_local"] = ss["arena_spec_dc"] = False  # the scenarios run without it
     ss["arena_pace"] = next((k for k, v in EMULATIONS.items() if v == sc.emulation), NO_PACE)
     ss[KEY_SCENARIO] = key
     SLOT.start(lambda: _race(list(sc.prompts), sc.params(0), 0, sc.emulation))
@@ -231,7 +259,15 @@ def side_panel(view: SideView, snap: RaceSnapshot, note: str | None = None) -> N
         d.metric("Users finished", f"{view.users_finished}/{view.num_users}")
         e.metric("Elapsed", f"{view.elapsed:.1f} s")
         f.metric("Users ahead of you", _place(view))
+        if view.acceptance_rate is not None:
+            st.caption(speculation_line(view))
         st.code(view.your_text or " ", language=None, wrap_lines=True, height=180)
+
+
+def speculation_line(view: SideView) -> str:
+    """A side's speculative decoding in words: drafts accepted, tokens per step."""
+    return (f"Speculative decoding: {view.acceptance_rate:.0%} of drafted tokens accepted, "
+            f"{view.mean_accepted_length or 1:.1f} tokens per request per step.")
 
 
 def server_panel(side: object) -> None:

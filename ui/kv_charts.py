@@ -18,8 +18,8 @@ MAP_WIDTH_PX = 576  # about half a wide page: a row's height is this over the co
 HEIGHT = 360  # the whole chart: title, legends and axes fit in it too (Streamlit)
 TITLE_PX, SUBTITLE_PX = 18, 14
 PREEMPT_COLOR = "#d62728"
-KINDS = ["prefill", "decode"]
-KIND_SCALE = alt.Scale(domain=KINDS, range=[ACCENT, DATACENTER_COLOR])
+KINDS = ["prefill", "decode", "accepted draft", "rejected draft"]  # drafts: speculation
+KIND_SCALE = alt.Scale(domain=KINDS, range=[ACCENT, DATACENTER_COLOR, "#20a39e", "#c9ced6"])
 
 
 def _title(text: str, subtitle: list[str]) -> alt.Title:
@@ -83,8 +83,9 @@ def contiguous_chart(df: pd.DataFrame, columns: int = GRID_COLUMNS[-1]) -> alt.L
 
 
 def steps_chart(df: pd.DataFrame) -> alt.LayerChart:
-    """Prefill and decode tokens in each scheduler step, stacked; steps that preempted
-    requests marked in red.
+    """Prefill and decode tokens in each scheduler step, stacked (with speculative decoding
+    also the drafts verified, accepted and rejected); steps that preempted requests marked
+    in red.
 
     df: `ui.kv_frames.step_frame`."""
     x = alt.X("x0:Q", title="engine step", axis=alt.Axis(format="d", tickMinStep=1),

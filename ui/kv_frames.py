@@ -172,8 +172,9 @@ def contiguous_frame(
 # ---- the scheduler timeline -----------------------------------------------------------
 def step_frame(steps: Sequence[StepStats], num_steps: int, last: int = MAX_STEPS) -> pd.DataFrame:
     """The last `last` steps, two rows each (prefill, decode tokens) stacked as [lo, hi]
-    over [x0, x1] = step index -/+ 0.4; `num_steps` is the engine's step count, so the
-    index is the step's number since the engine started."""
+    over [x0, x1] = step index -/+ 0.4, and two more where a step verified speculative
+    drafts (accepted, rejected draft tokens) on top; `num_steps` is the engine's step
+    count, so the index is the step's number since the engine started."""
     shown = list(steps)[-last:]
     first = num_steps - len(shown)
     t0 = shown[0].start if shown else 0.0
@@ -186,6 +187,12 @@ def step_frame(steps: Sequence[StepStats], num_steps: int, last: int = MAX_STEPS
         p, d = s.num_prefill_tokens, s.num_decode_tokens
         rows.append({**common, "kind": "prefill", "tokens": p, "lo": 0, "hi": p})
         rows.append({**common, "kind": "decode", "tokens": d, "lo": p, "hi": p + d})
+        if s.num_draft_tokens:
+            a, r = s.num_accepted_tokens, s.num_draft_tokens - s.num_accepted_tokens
+            rows.append({**common, "kind": "accepted draft", "tokens": a, "lo": p + d,
+                         "hi": p + d + a})
+            rows.append({**common, "kind": "rejected draft", "tokens": r, "lo": p + d + a,
+                         "hi": p + d + a + r})
     return pd.DataFrame.from_records(rows, columns=STEP_COLUMNS)
 
 

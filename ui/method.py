@@ -47,7 +47,7 @@ def _datacenter(dc: ServingStats) -> str:
         return f"{dc.model}: a remote OpenAI-compatible server, every request sent at once"
     return (f"{_on(dc)}, {dc.dtype} ({dc.dtype_reason}); continuous batching, up to "
             f"{dc.max_num_running} sequences per step, paged KV in blocks of "
-            f"{dc.kv.block_size} tokens")
+            f"{dc.kv.block_size} tokens" + _speculation(dc))
 
 
 def _local(loc: ServingStats) -> str:
@@ -55,7 +55,12 @@ def _local(loc: ServingStats) -> str:
     if _remote(loc):
         return f"{loc.model}: a remote OpenAI-compatible server, one request at a time"
     return (f"{_on(loc)}, one user at a time (batch 1), FIFO queue, contiguous KV reserved "
-            f"for n_ctx={loc.n_ctx} tokens" + (f"; {loc.emulated}" if loc.emulated else ""))
+            f"for n_ctx={loc.n_ctx} tokens" + _speculation(loc)
+            + (f"; {loc.emulated}" if loc.emulated else ""))
+
+
+def _speculation(stats: ServingStats) -> str:
+    return "; speculative decoding (n-gram prompt lookup)" if stats.spec is not None else ""
 
 
 def race_setup(race: Race) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Presenter mode: large text for a projector, the engine settings hidden, and the four
+"""Presenter mode: large text for a projector, the engine settings hidden, and the five
 scripted scenarios one click away.
 
 On with the sidebar toggle or `?presenter=1` in the URL; it stays on for the browser
@@ -21,7 +21,8 @@ KEY = "presenter"
 QUERY = "presenter"
 ON_VALUES = ("1", "true", "on", "yes")
 KEY_KV_START = "kv_autostart"  # the KV cache page starts this scenario when it opens
-SCENARIOS = ("one_user", "many_users", "shared_prefix", "laptop_70b")  # one button each
+SCENARIOS = ("one_user", "many_users", "shared_prefix", "laptop_70b",  # one button each
+             "edit_paragraph")
 
 # Scaled for a projector at the back of a room: base text, metric values, headings.
 CSS = """
@@ -83,14 +84,15 @@ def apply_style() -> None:
 
 def scenario_bar() -> None:
     """In presenter mode, one button per scripted scenario, disabled while a race runs.
-    The KV cache page's scenarios open that page, which plays them; the others start a
-    race here."""
+    The KV cache page's scenarios open that page, which plays them; "edit a paragraph"
+    compares speculative decoding off and on below the buttons; the others start a race
+    here."""
     if not is_on():
         return
-    from ui import arena, kv_view  # they read this module's keys: imported here, no cycle
+    from ui import arena, kv_view, spec_view  # they read this module's keys: no cycle
 
     st.caption("Scripted scenarios: fixed prompts, greedy decoding, the same text every run.")
-    disabled = arena.SLOT.running()
+    disabled = arena.SLOT.running() or spec_view.SLOT.running()
     for col, key in zip(st.columns(len(SCENARIOS)), SCENARIOS, strict=True):
         sc = scenarios.get(key)
         if col.button(sc.title, key=f"scenario-{key}", disabled=disabled, width="stretch",
@@ -98,6 +100,9 @@ def scenario_bar() -> None:
             if key in kv_view.KV_SCENARIOS:
                 st.session_state[KEY_KV_START] = key
                 st.switch_page("pages/kv_cache.py")
+            elif key == spec_view.SCENARIO:  # speculation off and on, under the buttons
+                spec_view.start()
+                st.rerun()
             else:
                 arena.start_scenario(key)
                 st.rerun()

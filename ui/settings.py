@@ -69,6 +69,11 @@ def engine_settings(holder: SharedEngine) -> None:
         budget = st.number_input("Token budget per step", value=cfg.max_num_batched_tokens,
                                  step=1, disabled=locked)
         prefix = st.checkbox("Prefix caching", cfg.enable_prefix_caching, disabled=locked)
+        spec = st.checkbox("Speculative decoding (n-gram)", cfg.speculative is not None,
+                           disabled=locked,
+                           help="Up to 4 tokens looked up in each request's earlier text "
+                                "are checked in one step (the same tokens come out); the "
+                                "KV cache page's step timeline shows the drafts accepted.")
         entered = (st.text_input("Admin password", type="password") if password else None)
         applied = st.form_submit_button("Apply", type="primary", disabled=locked)
     if locked:
@@ -79,7 +84,7 @@ def engine_settings(holder: SharedEngine) -> None:
         _apply(holder, password, entered, dict(
             block_size=int(block_size), num_kv_blocks=int(num_blocks),
             max_num_seqs=int(max_seqs), max_num_batched_tokens=int(budget),
-            enable_prefix_caching=bool(prefix)))
+            enable_prefix_caching=bool(prefix), speculative="ngram" if spec else None))
     flash = st.session_state.pop(FLASH, None)
     if flash:
         st.sidebar.success(flash)
@@ -98,7 +103,9 @@ def _apply(holder: SharedEngine, password: str | None, entered: str | None,
         changes["num_kv_blocks"] = max(1, kv.num_blocks * kv.block_size
                                        // changes["block_size"])
     fields = {k: getattr(old, k) for k in ("model", "device", "dtype", "kv_cache_memory_gb",
-                                           "max_model_len", "num_threads")}
+                                           "max_model_len", "num_threads",
+                                           "num_speculative_tokens", "prompt_lookup_min",
+                                           "prompt_lookup_max")}
     try:
         new = holder.rebuild(EngineConfig(**fields, **changes))
     except ValueError as exc:

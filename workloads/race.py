@@ -37,6 +37,7 @@ from engine.metrics import RunSummary, summarize
 from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ServingSide
+from engine.speculative import SpecDecodeStats
 from workloads.job import CANCEL_GRACE_S, BackgroundJob, WorkloadError, engine_changed
 from workloads.prompts import chat
 from workloads.sides import LABELS, SIDES, check_order, prompts_for_sides
@@ -58,6 +59,8 @@ class SideView:
     total_tokens_per_s: float | None
     users_finished: int
     users_ahead_of_you: int | None  # in the side's queue; 0 = being served; None = done
+    acceptance_rate: float | None = None  # speculative drafts accepted (None: no drafts)
+    mean_accepted_length: float | None = None  # tokens per verification step
 
     @classmethod
     def idle(cls, side: str, num_users: int = 0) -> SideView:
@@ -94,6 +97,8 @@ class _Side:
     summary: RunSummary | None = None
     last_step_start: float = 0.0
     users_ahead: int | None = None
+    spec0: SpecDecodeStats | None = None  # the side's speculation counters at its start
+    spec: SpecDecodeStats | None = None  # ... and since then (this race's drafts)
 
 
 class Race(BackgroundJob):
@@ -176,8 +181,10 @@ class Race(BackgroundJob):
         return dataclasses.replace(self.params, seed=user)  # same draws on both sides
 
     def _run_side(self, side: _Side) -> None:
+        spec0 = side.server.stats(steps_after=None).spec
         with self._lock:
             self._phase = side.name
+            side.spec0 = spec0
             side.t0 = time.monotonic()
             n = self.num_users
             try:
@@ -212,6 +219,10 @@ class Race(BackgroundJob):
         with self._lock:
             side.outputs, side.t_end = outputs, time.monotonic()
             side.summary = summarize([o.metrics for o in outputs])
+            if side.spec is not None:  # exact, from this race's own requests
+                side.spec = SpecDecodeStats(sum(o.num_drafts for o in outputs),
+                                            sum(o.num_draft_tokens for o in outputs),
+                                            sum(o.num_accepted_tokens for o in outputs))
             self._replace_token_series(side, outputs)
 
     def _check_outputs(self, name: str, outputs: list[RequestOutput]) -> None:
@@ -241,6 +252,11 @@ class Race(BackgroundJob):
         with self._lock:
             you = side.handles[self.you]
             side.users_ahead = self._users_ahead(you, queue, ahead_running)
+            if stats.spec is not None and side.spec0 is not None and side.outputs is None:
+                s0, s = side.spec0, stats.spec
+                side.spec = SpecDecodeStats(s.num_drafts - s0.num_drafts,
+                                            s.num_draft_tokens - s0.num_draft_tokens,
+                                            s.num_accepted_tokens - s0.num_accepted_tokens)
             if side.first_token_seen is None and you.num_tokens > 0:
                 side.first_token_seen = now
             self._tokens.append({"side": side.name, "t": t, "tokens": tokens})
@@ -279,8 +295,11 @@ class Race(BackgroundJob):
             total_tps = total / elapsed if elapsed > 0 else None
         finished = sum(1 for h in side.handles
                        if h.done and h.result().finish_reason in ("stop", "length"))
+        spec = side.spec
         return SideView(side.name, n, True, done, elapsed, you.text, your_ttft, your_tps,
-                        total, total_tps, finished, None if you.done else side.users_ahead)
+                        total, total_tps, finished, None if you.done else side.users_ahead,
+                        spec.acceptance_rate if spec else None,
+                        spec.mean_accepted_length if spec else None)
 
     @staticmethod
     def _users_ahead(you: RequestHandle, waiting_ids: tuple[str, ...],

@@ -59,6 +59,42 @@ QUESTIONS = (
 )
 SHORT = ("Say hi.", "Name a color.", "Count to three.", "Name a fruit.", "Say yes.",
          "Name a day.", "Say thanks.", "Name an animal.")
+EDIT_PARAGRAPHS = (  # typos on purpose: the answer copies the paragraph, fixing a few words
+    "Our town libary opens at nine in the morning and closes at six in the evening. "
+    "Children can borow up to five books at a time, and adults up to ten. Books must be "
+    "returned within three weeks, or a small fine is charged for every day they are late. "
+    "The reading room on the first floor is quiet, and the cafe next to it serves tea and "
+    "cake untill five.",
+    "The old lighthouse stands on a rocky hill above the harbour. It was bilt more than two "
+    "hundred years ago to guide fishing boats home through the fog. Today it is a small "
+    "museum, and visiters can climb the narrow stairs to the lamp room at the top, where "
+    "the view over the sea and the islands is wonderfull on a clear day.",
+    "To make a simple bread, mix flour, water, salt and a little yeast in a large bowl. "
+    "Knead the dough for ten minutes untill it is smooth, then leave it to rise in a warm "
+    "place for one hour. Shape it into a loaf, let it rise again, and bake it in a hot "
+    "oven for about fourty minutes, until the crust is golden and sounds hollow.",
+    "Every spring the river floods the low feilds near the village. The farmers have "
+    "learned to plant their crops later in the year, after the water has gone down. The "
+    "floods are not only a problem: they leave behind a layer of rich soil, which makes "
+    "the feilds some of the most fertile in the whole region.",
+    "The school football team trains twice a week, on Tuesday and Thursday afternoons. "
+    "New players are always welcome, and no experiance is needed. Please bring sports "
+    "shoes, a bottle of water and a warm jacket, because the feild can be cold and windy "
+    "in winter. The season ends with a big match against the team from the next town.",
+    "Bees visit thousands of flowers every day to collect nectar and polen. While they "
+    "fly from one flower to the next, they carry polen with them, which helps the plants "
+    "to make seeds and fruit. Without bees, many of the fruits and vegetables we eat "
+    "would be much harder to grow, so protecting them is importent for everyone.",
+    "The train to the coast leaves from platform four at ten past eight every morning. "
+    "The journey takes about two hours, and there is a small cafe on board that sells "
+    "coffee, sandwiches and fresh fruit. On sunny weekends the train is often full, so it "
+    "is a good idea to buy your ticket the day befor and to arrive early.",
+    "Our neighbour has a small garden full of tomatos, beans and herbs. Every summer she "
+    "shares her harvest with the whole street, and in return the children help her to "
+    "water the plants when she is away on holiday. Last year the tomatos were so big that "
+    "she won a prize at the village show.",
+)
+EDIT_ASK = "Copy this paragraph exactly, but fix the spelling mistakes:\n\n"
 LONG_TOPIC = (
     "Write a long, detailed story about a lighthouse keeper on a stormy island, his "
     "daily routine, the ships he guides and the letters he writes home. "
@@ -106,6 +142,11 @@ SCENARIOS: dict[str, Scenario] = {s.key: s for s in (
     Scenario("many_users", "32 users", "32 users at once: the datacenter answers them all in "
              "one batch while the local PC serves them one by one.",
              _users(QUESTIONS + SHORT, 32), 32),
+    Scenario("edit_paragraph", "Edit a paragraph: speculative decoding",
+             "The answer copies most of the prompt: drafts looked up in it are mostly "
+             "right, so one user gets several tokens per step; at 32 users the spare "
+             "compute that paid for checking drafts is already in use.",
+             _users(tuple(EDIT_ASK + p for p in EDIT_PARAGRAPHS), 32), 160),
     Scenario("laptop_70b", "A 70B model on a laptop (projected)", "The local side is paced to "
              "a 70B model in 4-bit on a laptop: it does not fit memory and streams weights.",
              _users(("Explain in a few sentences why the sky is blue.",), 1), 16,

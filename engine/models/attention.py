@@ -13,7 +13,9 @@ Gathering a request's blocks along dim 1 yields its K as one contiguous
 
 The flat batch of one step is ordered: all decode tokens first (one per request),
 then each prefill chunk. Decode tokens are attended in one padded call for the whole
-batch; each prefill chunk in one call of its own (chunks are few and large).
+batch; each prefill chunk in one call of its own (chunks are few and large). On a CPU with
+the native kernel (engine/models/native.py) every row of the step, prefill rows included,
+is attended by one kernel call instead, reading K/V in place.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ class DecodeGroup:
 
 @dataclass
 class KernelDecode:
-    """Decode rows [0, num_seqs) for the native kernel, which reads blocks in place."""
+    """Rows [0, num_seqs) for the native kernel, which reads blocks in place: the decode
+    rows, and on a CPU every row of the step (a prefill row attends to its own position + 1
+    keys of its request's table; the runner's `paged_prefill`)."""
 
     kernel: Callable[..., torch.Tensor]  # native.PagedDecode
     block_tables: torch.Tensor  # [S, max_blocks] int32, padded with 0
@@ -67,8 +71,9 @@ class KernelDecode:
 class AttentionMetadata:
     """Everything the attention of one step needs, built once and shared by all layers.
 
-    Decode rows go either to `kernel_decode` (CPU bfloat16 with the native kernel) or to
-    `decode_groups` (the torch path); never both.
+    Decode rows go either to `kernel_decode` (the native kernel on a CPU, or the Triton one)
+    or to `decode_groups` (the torch path); never both. When `kernel_decode` covers every
+    row, `prefills` is empty.
     """
 
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written
@@ -132,6 +137,8 @@ def paged_attention(
     t, h, d = q.shape
     kvh = k.shape[1]
     group = h // kvh
+    if (kd := meta.kernel_decode) is not None and kd.num_seqs == t:  # every row by the kernel
+        return kd.kernel(q, k_cache, v_cache, kd.block_tables, kd.context_lens, scale).view(t, -1)
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     if (kd := meta.kernel_decode) is not None:
         s = kd.num_seqs

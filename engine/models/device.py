@@ -1,15 +1,16 @@
 """Which device and dtype a model runs in: "auto" picks CUDA when present, and on a CPU
-times bfloat16 against float32 once per machine and keeps the answer."""
+times the engine's decode steps in bfloat16 and float32 once per machine and model
+(`engine.models.probe`) and keeps the answer."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
-import time
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from engine.models import loader
 
@@ -24,40 +25,31 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _time_matmul(device: torch.device, dtype: torch.dtype, m: int = 64, k: int = 576,
-                 n: int = 1536, reps: int = 20) -> float:
-    x = torch.randn(m, k, device=device).to(dtype)
-    w = torch.randn(n, k, device=device).to(dtype)
-    for _ in range(3):
-        F.linear(x, w)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    for _ in range(reps):
-        F.linear(x, w)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t) / reps
-
-
-def pick_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """The dtype to run in and why. On a CPU, "auto" measures float32 against bfloat16 on
-    the first start and keeps the answer per machine (CPU model, threads, torch version),
-    so every later start runs the same dtype and prints the same text."""
+def pick_dtype(dtype: str, device: torch.device,
+               folder: Path | None = None) -> tuple[torch.dtype, str]:
+    """The dtype to run in and why. On a CPU, "auto" times the model in `folder` in float32
+    and bfloat16 on the first start and keeps the answer per machine and model (CPU model,
+    threads, torch version, kernels, model folder), so every later start runs the same
+    dtype and prints the same text. Without a folder: bfloat16 where the CPU has AVX-512
+    with bfloat16 dot products, else float32, unmeasured."""
     if dtype != "auto":
         return DTYPES[dtype], f"{dtype}: chosen in the settings"
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "bfloat16: native on this GPU"
         return torch.float16, "float16: this GPU has no bfloat16"
-    machine = f"{device_name('cpu')}|torch {torch.__version__}"
+    if folder is None:
+        return _guess_cpu_dtype()
+    kernels = f"{os.environ.get('BATCHLENS_NATIVE', '1')}|{os.environ.get('BATCHLENS_NATIVE_ISA', '')}"
+    machine = (f"{device_name('cpu')}|torch {torch.__version__}|steps v2|kernels {kernels}|"
+               f"{folder.resolve()}")
     path = loader.cache_root() / "dtype" / f"{hashlib.sha256(machine.encode()).hexdigest()[:16]}.json"
     try:
         saved = json.loads(path.read_text())
         return DTYPES[saved["dtype"]], saved["reason"]
     except (OSError, ValueError, KeyError):
         pass
-    picked, reason = _measure_cpu_dtype(device)
+    picked, reason = _measure_cpu_dtype(device, folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"machine": machine, "dtype": str(picked).split(".")[-1],
@@ -67,15 +59,27 @@ def pick_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
     return picked, reason
 
 
-def _measure_cpu_dtype(device: torch.device) -> tuple[torch.dtype, str]:
-    # interleaved, best of 5 each: robust to another process taking the cores for a moment
-    t32 = t16 = float("inf")
-    for _ in range(5):
-        t32 = min(t32, _time_matmul(device, torch.float32))
-        t16 = min(t16, _time_matmul(device, torch.bfloat16))
-    if t16 < t32:
-        return torch.bfloat16, f"bfloat16: matmul {t32 / t16:.1f}x faster than float32 here"
-    return torch.float32, f"float32: bfloat16 matmul is {t16 / t32:.1f}x slower here"
+def _measure_cpu_dtype(device: torch.device, folder: Path) -> tuple[torch.dtype, str]:
+    from engine.models import probe
+
+    return probe.measure_cpu_dtype(folder, device)
+
+
+def _guess_cpu_dtype() -> tuple[torch.dtype, str]:
+    if "avx512_bf16" in _cpu_flags():
+        return torch.bfloat16, "bfloat16: this CPU has AVX-512 bfloat16 dot products (not timed)"
+    return torch.float32, "float32: this CPU has no AVX-512 bfloat16 dot products (not timed)"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def device_name(device: str) -> str:

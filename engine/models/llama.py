@@ -3,7 +3,10 @@
 One call runs one flat batch of tokens from many requests (prefill chunks and decode
 tokens together). Per layer: RMSNorm -> fused QKV matmul -> RoPE -> K/V written by slot
 mapping -> paged attention -> output matmul -> RMSNorm -> fused gate/up matmul -> SiLU ->
-down matmul. Logits are computed only for the rows that will be sampled.
+down matmul. Logits are computed only for the rows that will be sampled. On a CPU in
+bfloat16 the elementwise steps between the matmuls run as three fused native ops per
+layer (`_forward_fused`, csrc/layer_ops.cpp); float32 keeps torch's ops, which give
+transformers' results bit for bit.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.models import loader
+from engine.models import loader, native
 from engine.models.attention import AttentionMetadata, paged_attention, write_kv
-from engine.models.linear import Linear, should_pack
+from engine.models.linear import Linear, should_pack, should_pack_lm_head
 
 
 @dataclass(frozen=True)
@@ -108,12 +111,19 @@ class LlamaModel:
             return state[name].to(device=device, dtype=dtype).contiguous()
 
         pack = should_pack(device, dtype)
+        # CPU bfloat16: residual add + RMSNorm, RoPE + K/V write, SiLU x up fused (csrc/)
+        self.fused_ops = native.layer_ops(device, dtype)
         self.embed = w("model.embed_tokens.weight")
         self.norm = w("model.norm.weight")
+        head = should_pack_lm_head(device, dtype)
         if spec.tie_word_embeddings or "lm_head.weight" not in state:
-            self.lm_head = Linear(self.embed, pack=pack)
+            self.lm_head = Linear(self.embed, pack=head)
         else:
-            self.lm_head = Linear(w("lm_head.weight"), pack=pack)
+            self.lm_head = Linear(w("lm_head.weight"), pack=head)
+        # reduced-precision matmuls on a CPU run in oneDNN, which keeps memory per row count;
+        # so does a packed float32 LM head
+        self.cpu_onednn_matmuls = device.type == "cpu" and (
+            dtype != torch.float32 or self.lm_head.packed)
         self.layers: list[Layer] = []
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
@@ -168,6 +178,8 @@ class LlamaModel:
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
         """Run one flat batch; return float32 logits of `logits_rows` only: [R, vocab]."""
+        if self.fused_ops:
+            return self._forward_fused(input_ids, positions, meta, kv_caches, logits_rows)
         spec = self.spec
         t = input_ids.shape[0]
         h, kvh, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -189,4 +201,30 @@ class LlamaModel:
             gate, up = layer.gate_up(hs).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         x = self._rms_norm(x[logits_rows], self.norm)
+        return self.lm_head(x).float()
+
+    def _forward_fused(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` with the layer's elementwise work in three fused calls (csrc/layer_ops):
+        the residual stream `x` is updated in place by each `add_rms_norm`."""
+        spec, ops = self.spec, torch.ops.batchlens
+        t, eps = input_ids.shape[0], spec.rms_norm_eps
+        h, kvh, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        q_end, k_end = h * d, (h + kvh) * d
+        x = self.embed[input_ids]
+        delta = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            hs = ops.add_rms_norm(x, delta, layer.input_norm, eps)
+            qkv = layer.qkv(hs)
+            ops.rope_write_kv(qkv, self.cos, self.sin, positions, k_cache, v_cache,
+                              meta.slot_mapping, h, kvh)
+            q = qkv[:, :q_end].view(t, h, d)
+            k = qkv[:, q_end:k_end].view(t, kvh, d)
+            v = qkv[:, k_end:].view(t, kvh, d)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            hs = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
+            delta = layer.down(ops.silu_mul(layer.gate_up(hs)))
+        x = ops.add_rms_norm(x[logits_rows], delta[logits_rows], self.norm, eps)
         return self.lm_head(x).float()

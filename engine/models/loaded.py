@@ -43,7 +43,7 @@ class LoadedModel:
         source = loader.resolve_model(model)
         folder = loader.hf_folder(source)
         dev = pick_device(device)
-        torch_dtype, reason = pick_dtype(dtype, dev)
+        torch_dtype, reason = pick_dtype(dtype, dev, folder)
         llama = LlamaModel.from_folder(folder, dev, torch_dtype)
         native.paged_decode(dev, torch_dtype)  # build the CPU kernel now, not at the first step
         tok = loader.load_tokenizer(folder)

@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Load the model once, run the chosen runs in turn, print and optionally save.
     `api` as the first argument runs the API vs in-process bench instead; `serve` the
-    HTTP load generator against a running server."""
+    HTTP load generator against a running server; `spec` speculative decoding on and off."""
     if argv and argv[0] == "api":
         from measure.bench import api
 
@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from measure.bench import serve
 
         return serve.main(argv[1:], prog=f"{prog} serve")
+    if argv and argv[0] == "spec":
+        from measure.bench import spec
+
+        return spec.main(argv[1:], prog=f"{prog} spec")
     a = parse_args(argv, prog)
     if a.report:
         print(report_saved(a.report))
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     run_info = {"model": loaded.name, "device": str(loaded.model.device), "dtype": dtype,
                 "threads": torch.get_num_threads(), "requests": a.n, "seed": a.seed}
     print(f"model {loaded.name} on {loaded.model.device}, dtype {dtype} "
-          f"({loaded.dtype_reason}), {torch.get_num_threads()} threads; {native.status()}")
+          f"({loaded.dtype_reason}), {torch.get_num_threads()} threads; {native.status(loaded.model.dtype)}")
     print(f"{a.n} requests (seed {a.seed}): prompt {a.prompt_len[0]}-{a.prompt_len[1]} tokens, "
           f"max_tokens {a.max_tok[0]}-{a.max_tok[1]}, greedy, EOS ignored; "
           f"{sum(r.max_tokens for r in reqs)} output tokens per run")

@@ -159,7 +159,8 @@ def run_host_bench(loaded: LoadedModel, sizes: tuple[int, ...] = HOST_SIZES, ste
         "steps_per_window": steps, "repeats": repeats, "best_of": repeats,
         "device": str(dev), "dtype": str(loaded.model.dtype).removeprefix("torch."),
         "machine": device_name(dev.type),
-        "attention": native.status() if dev.type == "cpu" else "n/a (stand-in model)",
+        "attention": (native.status(loaded.model.dtype) if dev.type == "cpu"
+                      else "n/a (stand-in model)"),
         "model": "InstantModel: SmolLM2-135M shapes, logits returned at once "
                  f"({LOGITS_WIDTH} wide), no KV tensors",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

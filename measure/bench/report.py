@@ -10,6 +10,7 @@ from typing import Any
 from engine.metrics import RunSummary
 from engine.models.loaded import LoadedModel
 from measure import hardware
+from measure.bench.breakdown import StepProfile, format_profiles
 from measure.bench.requests import BenchRequest
 from measure.bench.runs import RunResult
 from measure.calibrate import calibrate
@@ -111,6 +112,8 @@ def report(results: list[RunResult], floor: dict[str, Any] | None = None) -> str
                 line += (f", each ~{t['fixed_ms']:.1f} ms + {t['per_seq_ms']:.2f} ms per "
                          "sequence")
             out.append(line)
+        if prof := r.extra.get("profile"):
+            out += format_profiles([StepProfile(**p) for p in prof])
     return "\n".join(out)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -199,7 +199,21 @@ def run_engine(ctx: BenchContext) -> list[RunResult]:
             res.extra["kv_waste"] = sum(s.kv_reserved_slots - s.kv_used_slots
                                         for s in steps) / reserved
         results.append(res)
+    if results and ctx.loaded.model.device.type == "cpu":
+        results[-1].extra["profile"] = profile_breakdown(ctx, ctx.concurrency[-1])
     return results
+
+
+def profile_breakdown(ctx: BenchContext, concurrency: int) -> list[dict[str, Any]]:
+    """`measure.bench.breakdown` on this mix: a decode step of `concurrency` of its
+    requests, each halfway through its output, and a mixed step with the next prompts."""
+    from measure.bench import breakdown
+
+    reqs = ctx.requests[:concurrency]
+    contexts = [len(r.prompt_ids) + r.max_tokens // 2 for r in reqs]
+    prompts = [len(r.prompt_ids) for r in ctx.requests[concurrency:] + ctx.requests]
+    print("  profiling a decode step and a mixed step ...", file=sys.stderr, flush=True)
+    return [asdict(p) for p in breakdown.profile_steps(ctx.loaded, contexts, prompts)]
 
 
 def step_breakdown(steps: list[StepStats]) -> dict[str, float]:

@@ -110,3 +110,54 @@ def test_prefill_logits_match_transformers(loaded, hf_model, prompts):
         ref = hf_model(torch.tensor([ids])).logits[0]
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() < 1e-4
+
+
+# ---- speculative decoding: the same tokens, drafts or not ---------------------------------
+# n-grams from one token up, so short prompts get drafts too (many of them rejected)
+SPEC = dict(speculative="ngram", num_speculative_tokens=4, prompt_lookup_min=1,
+            prompt_lookup_max=3)
+
+
+@pytest.mark.parametrize(("case", "cfg"), [
+    ("chunked prefill", dict(max_num_batched_tokens=16, num_kv_blocks=64)),
+    ("preemption", dict(block_size=8, num_kv_blocks=12)),
+])
+def test_speculative_greedy_matches_transformers(loaded, prompts, reference, case, cfg):
+    outs, stats = run_engine(loaded, prompts, **cfg, **SPEC)
+    assert [o.token_ids for o in outs] == reference
+    spec = stats.spec
+    assert spec.num_draft_tokens > spec.num_accepted_tokens > 0  # accepted and rolled back
+    assert sum(o.num_accepted_tokens for o in outs) == spec.num_accepted_tokens
+    assert stats.kv.used_blocks == 0
+    if case == "preemption":
+        assert stats.num_preemptions > 0
+    else:  # a step verified drafts while a long prompt was still prefilled in chunks
+        assert any(s.num_draft_tokens and s.num_prefill_tokens for s in stats.recent_steps)
+
+
+def test_speculative_prefix_cache_hit_matches(loaded, hf_model):
+    shared = loaded.encode(TEXT)[:48]
+    batch = [shared + t for t in ([504, 3575], [2988, 314, 42])]
+    ref = [hf_greedy(hf_model, p, MAX_NEW) for p in batch]
+    config = EngineConfig(device="cpu", dtype="float32", block_size=16, num_kv_blocks=64,
+                          **SPEC)
+    with Engine(config, loaded=loaded) as engine:
+        params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+        first = engine.generate(batch[:1], params)
+        second = engine.generate(batch[1:], params)
+        stats = engine.stats()
+    assert [o.token_ids for o in first + second] == ref
+    assert second[0].num_cached_tokens == 48 and stats.spec.num_accepted_tokens > 0
+
+
+def test_speculative_local_pc_matches_and_seeds_repeat(loaded, prompts, reference):
+    from engine.local import LocalPC
+
+    with LocalPC(loaded, n_ctx=256, **SPEC) as local:
+        outs = local.generate(prompts[1:2], SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
+        sampled = SamplingParams(max_tokens=10, temperature=0.9, seed=5, ignore_eos=True)
+        again = [local.generate(prompts[3:4], sampled)[0].token_ids for _ in range(2)]
+        stats = local.stats()
+    assert [o.token_ids for o in outs] == reference[1:2]
+    assert again[0] == again[1]
+    assert stats.spec.num_draft_tokens > stats.spec.num_accepted_tokens > 0

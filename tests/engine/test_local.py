@@ -91,3 +91,16 @@ def test_bad_emulation_names_the_field(args, field):
 def test_prompt_longer_than_n_ctx_is_rejected(local):
     with pytest.raises(ValueError, match="n_ctx"):
         local.submit("word " * 600, SamplingParams(max_tokens=4))
+
+
+def test_shutdown_frees_the_contiguous_reservation_and_keeps_the_stats(loaded):
+    import gc
+    import weakref
+
+    local = LocalPC(loaded, n_ctx=128)
+    out = local.generate(["Water boils at"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    kv = weakref.ref(local.runner.kv_caches[0][0])
+    local.shutdown()  # a race over, its panel still on screen, holding `local`
+    gc.collect()
+    assert kv() is None  # the n_ctx buffer went back, though `local` is still referenced
+    assert local.stats().kv_reserved_bytes == 0 and len(out.token_ids) == 4

@@ -10,13 +10,12 @@ from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.models import native
 
-HAS_AVX512 = "avx512" in torch.backends.cpu.get_cpu_capability().lower()
-
 
 def kernel():
-    op, reason = native._build()
-    assert op is not None, reason
-    return op
+    built, reason = native._build()
+    if not built:
+        pytest.skip(f"the kernels could not be built here: {reason}")
+    return torch.ops.batchlens.paged_decode_attention
 
 
 def reference(q, k_cache, v_cache, tables, lens, scale):
@@ -35,19 +34,26 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
     return out
 
 
-@pytest.mark.skipif(not HAS_AVX512, reason="the kernel is built for AVX-512 CPUs only")
-@pytest.mark.parametrize("dtype,block_size,d,tol", [
-    (torch.bfloat16, 16, 64, 2e-2),  # the AVX-512 path (q·k by bfloat16 dot products where
-                                     # the CPU has them), one block per 16 keys
-    (torch.bfloat16, 4, 64, 2e-2),   # 16 keys span four blocks
-    (torch.bfloat16, 48, 64, 2e-2),  # a block holds three chunks of 16 keys
-    (torch.bfloat16, 16, 48, 2e-2),  # head_dim not a multiple of 32: q·k by float32 FMAs
-    (torch.float32, 16, 64, 1e-5),   # the generic path
+@pytest.mark.parametrize("dtype,block_size,d,group,tol", [
+    (torch.bfloat16, 16, 64, 3, 2e-2),  # q·k and p·v by bfloat16 dot products (AVX512_BF16),
+                                        # else float32 FMAs; one block per 16 keys
+    (torch.bfloat16, 4, 64, 3, 2e-2),   # 16 keys span four blocks
+    (torch.bfloat16, 48, 64, 3, 2e-2),  # a block holds three chunks of 16 keys
+    (torch.bfloat16, 16, 128, 4, 2e-2),  # head_dim 128 (Llama, Mistral), 4 heads per kv head
+    (torch.bfloat16, 16, 64, 1, 2e-2),  # one query head per kv head (no GQA)
+    (torch.bfloat16, 16, 48, 3, 2e-2),  # no compiled instance for head_dim 48: portable path
+    (torch.float32, 16, 64, 3, 1e-5),   # float32 by FMAs
+    (torch.float32, 16, 128, 7, 1e-5),  # Qwen2's 7 heads per kv head
 ])
-def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, tol):
+@pytest.mark.parametrize("strided", [False, True])  # q as rows of a wider QKV output
+@pytest.mark.parametrize("path", ["", "avx2", "portable"])  # "": the fastest this CPU has
+def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, tol, strided,
+                                                  path, monkeypatch):
+    if path:
+        monkeypatch.setenv("BATCHLENS_KERNEL_PATH", path)
     g = torch.Generator().manual_seed(0)
-    kvh, group, num_blocks = 3, 3, 600
-    lens = torch.tensor([1, 2, 15, 16, 17, 33, 100, 250], dtype=torch.int32)
+    kvh, num_blocks = 3, 1200
+    lens = torch.tensor([1, 2, 7, 8, 9, 15, 16, 17, 33, 100, 250], dtype=torch.int32)
     width = -(-int(lens.max()) // block_size)
     k_cache = torch.randn(kvh, num_blocks, block_size, d, generator=g).to(dtype)
     v_cache = torch.randn(kvh, num_blocks, block_size, d, generator=g).to(dtype)
@@ -55,13 +61,17 @@ def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, tol):
     tables = torch.randperm(num_blocks, generator=g)[: len(lens) * width]
     tables = tables.view(len(lens), width).to(torch.int32)
     q = (torch.randn(len(lens), kvh * group, d, generator=g) * 2).to(dtype)
+    if strided:
+        wide = torch.zeros(len(lens), (kvh * group + 2 * kvh) * d, dtype=dtype)
+        wide[:, : kvh * group * d] = q.view(len(lens), -1)
+        q = wide[:, : kvh * group * d].view(len(lens), kvh * group, d)
+        assert not q.is_contiguous()
     got = kernel()(q, k_cache, v_cache, tables, lens, 0.125)
     want = reference(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.dtype == dtype and got.shape == q.shape
     assert (got.double() - want).abs().max().item() < tol
 
 
-@pytest.mark.skipif(not HAS_AVX512, reason="the kernel is built for AVX-512 CPUs only")
 def test_kernel_rejects_mismatched_inputs():
     q = torch.zeros(2, 9, 64, dtype=torch.bfloat16)
     cache = torch.zeros(3, 4, 16, 64, dtype=torch.bfloat16)
@@ -77,18 +87,21 @@ def test_kernel_rejects_mismatched_inputs():
         kernel()(q, cache, cache, table + 4, lens, 0.125)
 
 
-def test_only_cpu_bfloat16_uses_the_kernel():
-    assert native.paged_decode(torch.device("cpu"), torch.float32) is None
+def test_cpu_bfloat16_and_float32_use_the_kernel_where_it_is_built():
     assert native.paged_decode(torch.device("cuda"), torch.bfloat16) is None
-    expected = native._build()[0] is not None
-    assert (native.paged_decode(torch.device("cpu"), torch.bfloat16) is not None) == expected
-    assert native.status().startswith("decode attention: ")
+    assert native.paged_decode(torch.device("cpu"), torch.float16) is None
+    expected = native._build()[0]
+    for dtype in (torch.bfloat16, torch.float32):
+        assert (native.paged_decode(torch.device("cpu"), dtype) is not None) == expected
+    assert native.status().startswith("native kernels: ")
+    assert native.status(torch.float32).endswith(
+        "decode attention: the kernel" if native._build()[0] else ")")
 
 
 @pytest.mark.model
-@pytest.mark.skipif(not HAS_AVX512, reason="the kernel is built for AVX-512 CPUs only")
 def test_engine_decode_logits_match_the_torch_path():
     """Same prompts, same schedule: the first decode step's logits agree either way."""
+    kernel()  # skips where the kernels cannot be built
     prompts = ["The capital of France is", "Write a haiku about rain.",
                "1, 2, 3, 4,", "Explain paged attention in one sentence."]
     firsts = []
@@ -96,6 +109,9 @@ def test_engine_decode_logits_match_the_torch_path():
         with Engine(EngineConfig(device="cpu", dtype="bfloat16", max_num_seqs=8)) as eng:
             runner = eng.runner
             assert (runner.decode_kernel is not None) is True
+            # prompts by SDPA either way, so both runs decode the same first tokens (the
+            # kernel's own prefill rows: test_prefill_rows_by_the_kernel_match_the_sdpa_path)
+            runner.paged_prefill = False
             if not use_kernel:
                 runner.decode_kernel = None
             seen = []
@@ -103,9 +119,10 @@ def test_engine_decode_logits_match_the_torch_path():
 
             def record(ids, pos, meta, caches, rows, _fwd=forward, _seen=seen):
                 logits = _fwd(ids, pos, meta, caches, rows)
-                if not meta.prefills:  # a decode-only step; rows ordered by position (the
-                    # torch path sorts them by context length, the kernel path does not)
-                    order = pos[rows].argsort()
+                if ids.shape == rows.shape:  # a decode-only step (every row sampled); rows
+                    # ordered by position, then token (the torch path sorts them by context
+                    # length, the kernel path does not)
+                    order = (pos[rows] * 1_000_000 + ids[rows]).argsort()
                     _seen.append((meta.kernel_decode is not None, logits[order].clone()))
                 return logits
 
@@ -121,3 +138,49 @@ def test_engine_decode_logits_match_the_torch_path():
     # total variation distance per row: bfloat16 rounding moves little probability mass
     assert (0.5 * (k_p - t_p).abs().sum(-1)).max().item() < 0.1
     assert (k_p.argmax(-1) == t_p.argmax(-1)).sum().item() >= 3
+
+
+@pytest.mark.model
+def test_prefill_rows_by_the_kernel_match_the_sdpa_path():
+    """One step of two decode rows, a fresh prompt and a second chunk over cached context:
+    the kernel attending every row (each prefill row over its own prefix) gives the logits
+    the SDPA path gives, and nothing is left for SDPA."""
+    kernel()  # skips where the kernels cannot be built
+    from engine.metrics import RequestMetrics
+    from engine.models.loaded import LoadedModel
+    from engine.runner import ModelRunner
+    from engine.sequence import Sequence
+
+    loaded = LoadedModel.load(None, device="cpu", dtype="bfloat16")
+    runner = ModelRunner(loaded.model, num_blocks=64, block_size=8)
+    assert runner.paged_prefill
+    texts = ["The capital of France is", "Once upon a time, in a land far away, there lived",
+             "Write a haiku about rain falling on a quiet city at night.",
+             "A computer runs a program by fetching instructions from memory, decoding "
+             "them and executing them one after another."]
+    seqs, tables, start = [], {}, 0
+    for k, text in enumerate(texts):
+        ids = loaded.encode(text)
+        seq = Sequence(f"r{k}", ids, SamplingParams(max_tokens=4, ignore_eos=True),
+                       RequestMetrics(0.0))
+        tables[seq.request_id] = list(range(start, start + -(-len(ids) // 8) + 1))
+        start += len(tables[seq.request_id])
+        seqs.append(seq)
+    decode, fresh, chunked = seqs[:2], seqs[2], seqs[3]
+    cached = 9  # the long prompt's first chunk (a block and one token), computed first
+    runner.execute([(s, s.num_tokens - 1) for s in decode] + [(chunked, cached)], tables, {})
+    for s in decode:
+        s.num_computed_tokens = s.num_tokens - 1
+    chunked.num_computed_tokens = cached
+    entries = [(s, 1) for s in decode] + [(fresh, fresh.num_tokens),
+                                          (chunked, chunked.num_tokens - cached)]
+    logits = {}
+    for paged in (True, False):
+        runner.paged_prefill = paged
+        ids, pos, meta, rows, sampled = runner.prepare(entries, tables)
+        assert (not meta.prefills) is paged
+        out = loaded.model.forward(ids, pos, meta, runner.kv_caches, rows)[: len(sampled)]
+        logits[paged] = out.softmax(-1)
+    assert logits[True].shape == (4, loaded.model.spec.vocab_size)
+    assert (0.5 * (logits[True] - logits[False]).abs().sum(-1)).max().item() < 0.1
+    assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))

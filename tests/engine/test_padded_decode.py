@@ -17,7 +17,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import KVCacheManager
 from engine.metrics import RequestMetrics
 from engine.models.loaded import LoadedModel
-from engine.runner import BlockTables, ModelRunner, padded_sizes
+from engine.runner import BlockTables, ModelRunner, padded_sizes, row_bucket
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from tests.conftest import TEST_DEVICE, hf_greedy
@@ -122,3 +122,56 @@ def test_padded_decode_greedy_equals_eager_and_transformers(kind, tiny_models, m
             outs[padded] = [o.token_ids for o in engine.generate(prompts, params)]
         assert bool(calls) == padded  # decode-only steps took the padded path
     assert outs[True] == outs[False] == ref
+
+
+def test_row_buckets_are_exact_when_small_then_bounded_with_little_padding():
+    buckets = {row_bucket(n) for n in range(1, 2049)}
+    assert [row_bucket(n) for n in range(1, 33)] == list(range(1, 33))
+    assert all(row_bucket(n) >= n for n in range(1, 5000))
+    assert row_bucket(33) == 36 and row_bucket(129) == 144 and row_bucket(513) == 576
+    assert len(buckets) == 32 + 24 + 24 + 24  # a bounded set of matmul shapes
+    padded = sum(row_bucket(n) - n for n in range(33, 2049)) / sum(range(33, 2049))
+    assert padded < 0.03
+
+
+def test_bucketed_rows_pad_with_a_self_contained_chunk_and_keep_greedy_tokens(
+        tiny_models, monkeypatch):
+    """Where oneDNN would keep a kernel per row count, a step's rows (and its LM-head rows)
+    are padded to a bucket by one padding chunk writing to the dummy block: the real rows'
+    greedy tokens equal the unpadded engine's and transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_models["llama"]
+    loaded = LoadedModel.load(str(folder), device=TEST_DEVICE, dtype="float32")
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(3)
+    # 61 rows in the first step: bucketed to 64
+    prompts = [torch.randint(3, 1024, (n,), generator=g).tolist() for n in (13, 41, 7)]
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (9, 5, 12)]
+    ref = [hf_greedy(hf, p, m.max_tokens) for p, m in zip(prompts, params, strict=True)]
+    outs, shapes = {}, {}
+    for bucket in (False, True):
+        config = EngineConfig(device="cpu", dtype="float32", block_size=4,
+                              max_num_batched_tokens=128, num_kv_blocks=64, max_num_seqs=8)
+        with Engine(config, loaded=loaded) as engine:
+            runner = engine.runner
+            runner.bucket_rows = bucket
+            seen = shapes[bucket] = []
+            real = runner.model.forward
+
+            def forward(ids, pos, meta, caches, rows, _real=real, _seen=seen, _r=runner):
+                dummy = int((meta.slot_mapping // _r.block_size == _r.dummy_block).sum())
+                _seen.append((ids.shape[0], rows.shape[0], dummy))
+                return _real(ids, pos, meta, caches, rows)
+
+            runner.model.forward = forward
+            try:
+                outs[bucket] = [o.token_ids for o in engine.generate(prompts, params)]
+            finally:
+                del runner.model.forward
+    assert outs[True] == outs[False] == ref
+    assert len(shapes[True]) == len(shapes[False])  # the same schedule, step by step
+    for (t, r, dummy), (t0, r0, dummy0) in zip(shapes[True], shapes[False], strict=True):
+        assert (t, r) == (row_bucket(t0), row_bucket(r0) if r0 else 0)
+        assert dummy0 == 0 and dummy == t - t0  # padding rows write to the dummy block only
+    assert any(t != t0 for (t, *_), (t0, *_) in zip(shapes[True], shapes[False], strict=True))

@@ -1,4 +1,4 @@
-"""engine.stopping without a model: which token ends a request, and with which reason.
+"""engine.outputs.append_token without a model: which token ends a request, and why.
 
 Finish reasons, as vLLM's: "stop" for EOS, a stop token id or a stop string; "length" for
 max_tokens or the context limit. (SamplingParams has no min_tokens: not tested.)
@@ -11,8 +11,8 @@ import pytest
 from engine.config import SamplingParams
 from engine.detokenizer import IncrementalDetokenizer
 from engine.metrics import RequestMetrics
+from engine.outputs import append_token, make_output
 from engine.sequence import Sequence
-from engine.stopping import append_token, make_output
 
 EOS = 2
 EOS_IDS = frozenset({EOS})

@@ -196,6 +196,19 @@ def test_serve_flags_become_the_engine_config():
     from batchlens.cli import COMMANDS
 
     assert COMMANDS["serve"][0] == "server.cli"
+    assert cfg.speculative is None  # off unless asked for
+
+
+def test_serve_takes_vllms_speculative_config_flag():
+    spec = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3}'
+    cfg = engine_config(build_parser().parse_args(["--speculative-config", spec]))
+    assert (cfg.speculative, cfg.num_speculative_tokens, cfg.prompt_lookup_max) == (
+        "ngram", 6, 3)
+    for bad, message in (('{"method": "eagle"}', "speculative must be None or one of"),
+                         ('{"method": "ngram", "k": 2}', r"unknown keys \['k'\]"),
+                         ("ngram", "not JSON")):
+        with pytest.raises(ValueError, match=message):
+            engine_config(build_parser().parse_args(["--speculative-config", bad]))
 
 
 # ---- a server over a stand-in engine: everything refused before generation -----------

@@ -155,6 +155,18 @@ def test_counters_are_the_sums_of_the_finished_requests(engine, metrics):
     assert not [k for k in s if dict(k[1]).get("finished_reason") == "cancelled"]
 
 
+def test_speculative_decoding_counters_are_vllms_and_sum_the_requests(engine, metrics):
+    assert value(scrape(metrics), "spec_decode_num_drafts_total") == 0  # at zero while off
+    a, b, plain = output(tokens=9), output(tokens=5), output(tokens=3)
+    a.num_drafts, a.num_draft_tokens, a.num_accepted_tokens = 4, 16, 11
+    b.num_drafts, b.num_draft_tokens, b.num_accepted_tokens = 2, 5, 0
+    engine.finish(a, b, plain)
+    s = scrape(metrics)
+    assert value(s, "spec_decode_num_drafts_total") == 6
+    assert value(s, "spec_decode_num_draft_tokens_total") == 21
+    assert value(s, "spec_decode_num_accepted_tokens_total") == 11
+
+
 def test_a_request_never_scheduled_counts_no_prompt_and_hits_never_exceed_the_prompt(
         engine, metrics):
     never_scheduled = output("cancelled", prompt=30, tokens=0, queue=None)
@@ -284,3 +296,23 @@ def test_real_engine_counts_exactly_the_tokens_received(loaded):
         assert value(s, "kv_cache_usage_perc", model=name) == stats.kv.usage
     finally:
         engine.shutdown()
+
+
+@pytest.mark.model
+def test_real_engine_exports_its_speculative_decoding_counters(loaded):
+    config = EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64,
+                          speculative="ngram", prompt_lookup_min=1)
+    with Engine(config, loaded=loaded) as engine:
+        metrics = ServerMetrics(lambda: engine)
+        metrics.watch(engine)
+        text = "one two three four five six seven eight"
+        outs = engine.generate([f"Repeat exactly: {text}. Again: {text}."],
+                               SamplingParams(max_tokens=16))
+        wait_for(lambda: value(scrape(metrics), "request_success_total", model=loaded.name,
+                               finished_reason=outs[0].finish_reason) == 1, timeout=10)
+        s, spec = scrape(metrics), engine.stats().spec
+    assert spec.num_drafts > 0 and outs[0].num_drafts == spec.num_drafts
+    assert (value(s, "spec_decode_num_drafts_total", model=loaded.name),
+            value(s, "spec_decode_num_draft_tokens_total", model=loaded.name),
+            value(s, "spec_decode_num_accepted_tokens_total", model=loaded.name)) == (
+        spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)

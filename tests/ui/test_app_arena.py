@@ -108,3 +108,53 @@ def test_a_closed_tab_cancels_its_requests(monkeypatch):
     engine = shared.shared_engine().engine
     wait_idle(engine)
     assert engine.stats().kv.used_blocks == 0
+
+
+def test_speculation_switches_run_each_side_speculatively():
+    from workloads.scenarios import EDIT_ASK, EDIT_PARAGRAPHS
+
+    at = new_app()  # a prompt whose answer copies it: drafts are proposed on both sides
+    at.text_area(key="arena_prompt").input(EDIT_ASK + EDIT_PARAGRAPHS[1]).run()
+    at.number_input(key="arena_users").set_value(1)
+    at.number_input(key="arena_max_tokens").set_value(16)
+    at.toggle(key="arena_spec_local").set_value(True)
+    at.toggle(key="arena_spec_dc").set_value(True).run()
+    at.button(key="arena_run").click().run()
+    race = race_of(at)
+    shared_engine = shared.shared_engine().engine
+    # the datacenter side runs on a speculating engine of its own; the shared one is as it was
+    assert race.engine is not shared_engine and race.engine.speculation is not None
+    assert shared_engine.speculation is None and race.local.speculation is not None
+    run_until(at, lambda a: bool(a.success) or bool(a.error))
+    assert not at.error, at.error[0].value
+    views = race.snapshot().sides
+    for side in ("local", "datacenter"):
+        spec = race.engine.stats() if side == "datacenter" else race.local.stats()
+        assert spec.spec.num_drafts > 0, side  # drafts were verified on both sides
+        line = arena.speculation_line(views[side])
+        assert line in [c.value for c in at.caption]
+    assert race.engine.stopped_reason == "shut down"  # its own engine ended with the race
+
+
+def test_presenter_edit_scenario_compares_speculation_off_and_on(monkeypatch):
+    from ui import spec_view
+    from workloads import scenarios
+
+    short = dataclasses.replace(scenarios.get("edit_paragraph"), max_tokens=8)
+    monkeypatch.setitem(scenarios.SCENARIOS, "edit_paragraph", short)
+    monkeypatch.setattr(scenarios, "EDIT_PARAGRAPHS", scenarios.EDIT_PARAGRAPHS[:1])
+    monkeypatch.setattr(spec_view, "PRESENTER_USERS", (1, 2))
+    at = new_app()
+    at.session_state["presenter"] = True
+    at.run()
+    at.button(key="scenario-edit_paragraph").click().run()
+    job = at.session_state[spec_view.SLOT.key]
+    run_until(at, lambda a: job.finished and not a.button(key="scenario-one_user").disabled)
+    assert job.error is None and [(r.users, r.speculative) for r in job.runs] == [
+        (1, False), (1, True), (2, False), (2, True)]
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["1 user, without: tokens/s per user"] == f"{job.runs[0].tokens_per_s_per_user:.1f}"
+    assert "2 users: drafted tokens accepted" in shown
+    table = at.dataframe[0].value
+    assert list(table["speculation"]) == ["off", "on", "off", "on"]
+    assert shared.shared_engine().engine.speculation is None  # nobody's settings changed

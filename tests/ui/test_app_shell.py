@@ -61,11 +61,13 @@ def test_apply_rebuilds_the_shared_engine_on_the_same_weights():
     old, loaded = holder.engine, holder.loaded
     sidebar_input(at, "Block size (tokens)").set_value(32)
     sidebar_input(at, "KV pool (blocks)").set_value(256)
+    next(c for c in at.sidebar.checkbox if c.label.startswith("Speculative")).check()
     at.sidebar.button[0].click().run()
     assert not at.exception
     new = holder.engine
     assert new is not old and new.loaded is loaded  # no reload of the weights
     assert new.kv.block_size == 32 and new.kv.num_blocks == 256
+    assert old.speculation is None and new.config.speculative == "ngram"
     assert at.sidebar.success and "256 blocks of 32 tokens" in at.sidebar.success[0].value
     with pytest.raises(RuntimeError):  # the old engine is shut down
         old.submit("hello")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.engine import StepStats
@@ -168,6 +170,16 @@ def test_step_frame_stacks_prefill_under_decode_and_numbers_the_steps():
     assert frames.step_frame((), 0).empty
 
 
+def test_step_frame_stacks_verified_drafts_on_top():
+    spec_step = dataclasses.replace(step(5.0, 16, 3), num_draft_tokens=10,
+                                    num_accepted_tokens=7)
+    df = frames.step_frame([step(4.9, 0, 3), spec_step], num_steps=2)
+    assert list(df["kind"]) == ["prefill", "decode", "prefill", "decode", "accepted draft",
+                                "rejected draft"]
+    assert list(zip(df["lo"], df["hi"], strict=True))[2:] == [(0, 16), (16, 19), (19, 26),
+                                                               (26, 29)]
+
+
 def test_steps_chart_stacks_tokens_and_marks_preemptions():
     df = frames.step_frame([step(1.0, 100, 0), step(1.1, 0, 4, preempted=2)], num_steps=2)
     spec = charts.steps_chart(df).to_dict()
@@ -175,7 +187,8 @@ def test_steps_chart_stacks_tokens_and_marks_preemptions():
     bars = spec["layer"][0]["encoding"]
     assert (bars["x"]["field"], bars["x2"]["field"]) == ("x0", "x1")
     assert (bars["y"]["field"], bars["y2"]["field"]) == ("lo", "hi")
-    assert bars["color"]["scale"]["domain"] == ["prefill", "decode"]
+    assert bars["color"]["scale"]["domain"] == ["prefill", "decode", "accepted draft",
+                                                 "rejected draft"]
     for layer in spec["layer"][1:]:
         assert layer["transform"] == [
             {"filter": "datum.kind == 'prefill' && datum.num_preempted > 0"}]

@@ -21,7 +21,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -42,7 +45,8 @@ inline void row_to_float(const T* src, float* dst, int64_t n) {
 }
 
 template <typename scalar_t>
-void decode(const scalar_t* q, const scalar_t* kc, const scalar_t* vc, const int32_t* tables,
+void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scalar_t* vc,
+            const int32_t* tables,
             const int32_t* lens, scalar_t* out, int64_t S, int64_t H, int64_t KVH,
             int64_t NB, int64_t BS, int64_t D, int64_t max_blocks, float scale) {
   const int64_t G = H / KVH;
@@ -52,7 +56,7 @@ void decode(const scalar_t* q, const scalar_t* kc, const scalar_t* vc, const int
     std::vector<float> qf(G * D), acc(G * D), row(BS * D), score(BS), m(G), l(G);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t s = w / KVH, h = w % KVH;
-      const scalar_t* qs = q + (s * H + h * G) * D;
+      const scalar_t* qs = q + s * q_stride + h * G * D;
       for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qs[i]) * scale;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kLowest);
@@ -106,11 +110,68 @@ void decode(const scalar_t* q, const scalar_t* kc, const scalar_t* vc, const int
   });
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 
-// 16 bfloat16 values -> 16 floats (bfloat16 is the top half of a float32)
-inline __m512 load_bf16(const at::BFloat16* p) {
+// What every kernel instance shares: the (request, kv head) work items dealt round-robin
+// over the threads (parallel_for hands each thread one contiguous range, and decode rows
+// arrive sorted by length), and the walk over a request's keys a tile at a time, with the
+// row offsets of the next tile computed and their K/V prefetched into L2 while these are
+// used (into L1, the 64 lines at once ran 40% slower on a pool past the caches; further
+// ahead, or the next item's first keys too, measured no faster).
+template <typename Body>
+void for_each_item(int64_t S, int64_t KVH, const Body& body) {
+  const int64_t N = S * KVH, nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
+  const int64_t per = (N + nt - 1) / nt;
+  at::parallel_for(0, per * nt, per, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t w = (i % per) * nt + i / per;
+      if (w < N) body(w / KVH, w % KVH);
+    }
+  });
+}
+
+template <typename T, int TILE = 16>
+struct KeyWalk {  // row offsets (in elements) of a request's keys, TILE at a time
+  const int32_t* table;
+  int64_t h, NB, BS, D, len;
+  int64_t rows[2][TILE];
+  int64_t blk_i = 0, in_blk = 0;
+  void fill(int64_t* r, int64_t count) {
+    for (int64_t t = 0; t < count; ++t) {
+      r[t] = ((h * NB + table[blk_i]) * BS + in_blk) * D;
+      if (++in_blk == BS) in_blk = 0, ++blk_i;
+    }
+  }
+  // the offsets of keys [start, start + TILE); prefetches the next TILE
+  const int64_t* tile(int64_t start, int cur, const T* kc, const T* vc) {
+    if (start == 0) fill(rows[0], std::min<int64_t>(TILE, len));
+    if (start + TILE < len) {
+      int64_t* next = rows[cur ^ 1];
+      const int64_t count = std::min<int64_t>(TILE, len - start - TILE);
+      fill(next, count);
+      for (int64_t t = 0; t < count; ++t)  // into L2: 64 lines at once overrun L1's misses
+        for (int64_t c = 0; c < D * static_cast<int64_t>(sizeof(T)); c += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(kc + next[t]) + c, _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(vc + next[t]) + c, _MM_HINT_T1);
+        }
+    }
+    return rows[cur];
+  }
+};
+
+#endif
+
+#if defined(__AVX512F__)
+#if defined(__AVX512BF16__)
+constexpr bool kHasDotBf16 = true;
+#else
+constexpr bool kHasDotBf16 = false;
+#endif
+
+// 16 elements -> 16 floats (bfloat16 is the top half of a float32)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
   __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
@@ -154,135 +215,330 @@ inline __m512 hsum16(const __m512* v) {
                        _mm512_shuffle_f32x4(z01, z23, 0xDD));
 }
 
-#if defined(__AVX512BF16__)
-constexpr bool kDotBf16 = true;  // q·k by VDPBF16PS: bfloat16 pairs, summed in float32
-#else
-constexpr bool kDotBf16 = false;
-#endif
+// Online softmax over one tile of scores x (lane t: key t, n valid): the tile's
+// probabilities p (0 past n), with the running max m and sum l of one query head updated;
+// returns the factor the head's accumulator must be scaled by.
+inline float softmax_tile(__m512 x, __mmask16 valid, float& m, float& l, __m512& p) {
+  const float bmax = std::max(m, _mm512_mask_reduce_max_ps(valid, x));
+  p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(bmax))));
+  const float corr = std::exp(m - bmax);
+  l = l * corr + _mm512_reduce_add_ps(p);
+  m = bmax;
+  return corr;
+}
 
-constexpr int kMaxG = 8;    // query heads per kv head handled in registers
-constexpr int kMaxDV = 16;  // head_dim / 16 handled in registers (head_dim <= 256)
-
-// The bfloat16 kernel for head_dim % 16 == 0: one pass per block of up to 16 keys.
-bool decode_bf16_avx512(const at::BFloat16* q, const at::BFloat16* kc, const at::BFloat16* vc,
-                        const int32_t* tables, const int32_t* lens, at::BFloat16* out, int64_t S,
-                        int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D,
-                        int64_t max_blocks, float scale) {
-  const int64_t G = H / KVH, DV = D / 16;
-  if (D % 16 != 0 || DV > kMaxDV || G > kMaxG) return false;
-  const bool dot_bf16 = kDotBf16 && D % 32 == 0;
-  // parallel_for hands each thread one contiguous range; decode rows arrive sorted by
-  // length, so deal the (request, kv head) pairs out round-robin to balance the work
-  const int64_t N = S * KVH, nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
-  const int64_t per = (N + nt - 1) / nt;
-  at::parallel_for(0, per * nt, per, [&](int64_t begin, int64_t end) {
-    alignas(64) float qf[kMaxG][kMaxDV * 16];
-    alignas(64) float acc[kMaxG][kMaxDV * 16];
-    alignas(64) float prob[kMaxG][16];
-    float m[kMaxG], l[kMaxG];
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t w = (i % per) * nt + i / per;
-      if (w >= N) continue;
-      const int64_t s = w / KVH, h = w % KVH;
-#if defined(__AVX512BF16__)
-      __m512bh qb[kMaxG][kMaxDV / 2];
-      if (dot_bf16)
-        for (int64_t g = 0; g < G; ++g)
-          for (int64_t j = 0; j < D / 32; ++j)
-            qb[g][j] = (__m512bh)_mm512_loadu_si512(q + (s * H + h * G + g) * D + 32 * j);
-#endif
-      for (int64_t g = 0; g < G; ++g) {
-        const at::BFloat16* qs = q + (s * H + h * G + g) * D;
-        for (int64_t j = 0; j < DV; ++j) {
-          _mm512_store_ps(qf[g] + 16 * j, _mm512_mul_ps(load_bf16(qs + 16 * j), _mm512_set1_ps(scale)));
-          _mm512_store_ps(acc[g] + 16 * j, _mm512_setzero_ps());
-        }
-        m[g] = -std::numeric_limits<float>::max();
-        l[g] = 0.f;
+// float32 and bfloat16 by float32 FMAs (q·k and p·v), head_dim = 16 DV. G (query heads per
+// kv head) and DV are compile-time constants, so loops unroll and accumulators stay in
+// registers. `q_stride`: elements between rows of q (rows of the fused QKV output are read
+// in place).
+template <typename T, int G, int DV>
+void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const int32_t* tables,
+                   const int32_t* lens, T* out, int64_t S, int64_t H, int64_t KVH, int64_t NB,
+                   int64_t BS, int64_t max_blocks, float scale) {
+  constexpr int64_t D = 16 * DV;
+  for_each_item(S, KVH, [&](int64_t s, int64_t h) {
+    __m512 qf[G][DV], acc[G][DV];
+    float m[G], l[G];
+    for (int g = 0; g < G; ++g) {
+      const T* qs = q + s * q_stride + (h * G + g) * D;
+      for (int j = 0; j < DV; ++j) {
+        qf[g][j] = _mm512_mul_ps(load16(qs + 16 * j), _mm512_set1_ps(scale));
+        acc[g][j] = _mm512_setzero_ps();
       }
-      const int64_t len = lens[s];
-      const int32_t* table = tables + s * max_blocks;
-      // cache row offsets of 16 keys at a time (this chunk's and the next one's), walking
-      // the block table with counters rather than dividing by the block size per key
-      int64_t rows[2][16];
-      int64_t blk_i = 0, in_blk = 0;
-      auto fill = [&](int64_t* r, int64_t count) {
-        for (int64_t t = 0; t < count; ++t) {
-          r[t] = ((h * NB + table[blk_i]) * BS + in_blk) * D;
-          if (++in_blk == BS) in_blk = 0, ++blk_i;
+      m[g] = -std::numeric_limits<float>::max();  // finite: no inf - inf
+      l[g] = 0.f;
+    }
+    KeyWalk<T> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
+    for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
+      const int64_t n = std::min<int64_t>(16, walk.len - start);
+      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+      alignas(64) float prob[G][16];
+      for (int g = 0; g < G; ++g) {
+        __m512 dots[16];
+        for (int t = 0; t < 16; ++t) {
+          __m512 a = _mm512_setzero_ps();
+          if (t < n)
+            for (int j = 0; j < DV; ++j) a = _mm512_fmadd_ps(qf[g][j], load16(kc + row[t] + 16 * j), a);
+          dots[t] = a;
         }
-      };
-      fill(rows[0], std::min<int64_t>(16, len));
-      for (int64_t start = 0, cur = 0; start < len; start += 16, cur ^= 1) {
-        const int64_t n = std::min<int64_t>(16, len - start);
-        const int64_t* row = rows[cur];
-        if (start + 16 < len) {  // fetch the next 16 keys and values while these are scored
-          int64_t* next = rows[cur ^ 1];
-          const int64_t count = std::min<int64_t>(16, len - start - 16);
-          fill(next, count);
-          for (int64_t t = 0; t < count; ++t)
-            for (int64_t c = 0; c < D; c += 32) {
-              _mm_prefetch(reinterpret_cast<const char*>(kc + next[t] + c), _MM_HINT_T0);
-              _mm_prefetch(reinterpret_cast<const char*>(vc + next[t] + c), _MM_HINT_T0);
-            }
-        }
-        // scores of these keys for every query head: lane t of x[g] is q_g · k_t * scale
-        __m512 x[kMaxG];
-        for (int64_t g = 0; g < G; ++g) {
-          __m512 dots[16];
-          for (int64_t t = 0; t < 16; ++t) {
-            __m512 a = _mm512_setzero_ps();
-            if (t < n) {
-              const at::BFloat16* kt = kc + row[t];
-#if defined(__AVX512BF16__)
-              if (dot_bf16) {
-                for (int64_t j = 0; j < D / 32; ++j)
-                  a = _mm512_dpbf16_ps(a, qb[g][j], (__m512bh)_mm512_loadu_si512(kt + 32 * j));
-                dots[t] = a;
-                continue;
-              }
-#endif
-              for (int64_t j = 0; j < DV; ++j)
-                a = _mm512_fmadd_ps(_mm512_load_ps(qf[g] + 16 * j), load_bf16(kt + 16 * j), a);
-            }
-            dots[t] = a;
-          }
-          x[g] = dot_bf16 ? _mm512_mul_ps(hsum16(dots), _mm512_set1_ps(scale)) : hsum16(dots);
-        }
-        const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
-        float corr[kMaxG];
-        for (int64_t g = 0; g < G; ++g) {
-          const float bmax = std::max(m[g], _mm512_mask_reduce_max_ps(valid, x[g]));
-          const __m512 p =
-              _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(x[g], _mm512_set1_ps(bmax))));
-          _mm512_store_ps(prob[g], p);
-          corr[g] = std::exp(m[g] - bmax);
-          l[g] = l[g] * corr[g] + _mm512_reduce_add_ps(p);
-          m[g] = bmax;
-        }
-        __m512 av[kMaxG][kMaxDV];
-        for (int64_t g = 0; g < G; ++g)
-          for (int64_t j = 0; j < DV; ++j)
-            av[g][j] = _mm512_mul_ps(_mm512_load_ps(acc[g] + 16 * j), _mm512_set1_ps(corr[g]));
-        for (int64_t t = 0; t < n; ++t) {
-          const at::BFloat16* vt = vc + row[t];
-          for (int64_t j = 0; j < DV; ++j) {
-            const __m512 v = load_bf16(vt + 16 * j);
-            for (int64_t g = 0; g < G; ++g)
-              av[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(prob[g][t]), v, av[g][j]);
-          }
-        }
-        for (int64_t g = 0; g < G; ++g)
-          for (int64_t j = 0; j < DV; ++j) _mm512_store_ps(acc[g] + 16 * j, av[g][j]);
+        __m512 p;
+        const float corr = softmax_tile(hsum16(dots), valid, m[g], l[g], p);
+        _mm512_store_ps(prob[g], p);
+        for (int j = 0; j < DV; ++j) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
       }
-      for (int64_t g = 0; g < G; ++g) {
-        at::BFloat16* os = out + (s * H + h * G + g) * D;
-        const float inv = 1.f / l[g];
-        for (int64_t d = 0; d < D; ++d) os[d] = static_cast<at::BFloat16>(acc[g][d] * inv);
-      }
+      for (int64_t t = 0; t < n; ++t)
+        for (int j = 0; j < DV; ++j) {
+          const __m512 v = load16(vc + row[t] + 16 * j);
+          for (int g = 0; g < G; ++g)
+            acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(prob[g][t]), v, acc[g][j]);
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+      alignas(64) float o[D];
+      for (int j = 0; j < DV; ++j)
+        _mm512_store_ps(o + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / l[g])));
+      T* os = out + (s * H + h * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) os[d] = static_cast<T>(o[d]);
     }
   });
-  return true;
+}
+
+#if defined(__AVX512BF16__)
+// bfloat16 with AVX512_BF16: q·k and p·v both by VDPBF16PS (pairs of bfloat16 products
+// summed into float32 lanes), head_dim = 32 DC. For p·v two keys go together: their V rows
+// are interleaved 16 bits at a time (unpacklo/hi, within 128-bit lanes), and each lane
+// pair meets the broadcast pair (p_t, p_t+1) rounded to bfloat16, as GPU flash attention
+// rounds P before its P·V product. The accumulators hold head_dim in a permuted order,
+// undone at the end:
+//
+//   acc[2c]   lane 4L+i  <- dims 32c + 8L + i       (L: 128-bit lane 0..3, i: 0..3)
+//   acc[2c+1] lane 4L+i  <- dims 32c + 8L + 4 + i
+template <int G, int DC>
+void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
+                    const at::BFloat16* vc, const int32_t* tables, const int32_t* lens,
+                    at::BFloat16* out, int64_t S, int64_t H, int64_t KVH, int64_t NB, int64_t BS,
+                    int64_t max_blocks, float scale) {
+  constexpr int64_t D = 32 * DC;
+  for_each_item(S, KVH, [&](int64_t s, int64_t h) {
+    __m512bh qb[G][DC];
+    __m512 acc[G][2 * DC];
+    alignas(64) uint32_t pairs[G][8];  // (p_2k, p_2k+1) as bfloat16 pairs
+    float m[G], l[G];
+    for (int g = 0; g < G; ++g) {
+      const at::BFloat16* qs = q + s * q_stride + (h * G + g) * D;
+      for (int j = 0; j < DC; ++j) qb[g][j] = (__m512bh)_mm512_loadu_si512(qs + 32 * j);
+      for (int j = 0; j < 2 * DC; ++j) acc[g][j] = _mm512_setzero_ps();
+      m[g] = -std::numeric_limits<float>::max();
+      l[g] = 0.f;
+    }
+    KeyWalk<at::BFloat16> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
+    for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
+      const int64_t n = std::min<int64_t>(16, walk.len - start);
+      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+      for (int g = 0; g < G; ++g) {
+        __m512 dots[16];
+        for (int t = 0; t < 16; ++t) {
+          __m512 a = _mm512_setzero_ps();
+          if (t < n)
+            for (int j = 0; j < DC; ++j)
+              a = _mm512_dpbf16_ps(a, qb[g][j], (__m512bh)_mm512_loadu_si512(kc + row[t] + 32 * j));
+          dots[t] = a;
+        }
+        __m512 p;
+        const float corr =
+            softmax_tile(_mm512_mul_ps(hsum16(dots), _mm512_set1_ps(scale)), valid, m[g], l[g], p);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
+        for (int j = 0; j < 2 * DC; ++j) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
+      }
+      for (int64_t t = 0; t < n; t += 2) {
+        const at::BFloat16* v0 = vc + row[t];
+        const at::BFloat16* v1 = vc + row[t + 1 < n ? t + 1 : t];  // a lone last key: p = 0
+        for (int c = 0; c < DC; ++c) {
+          const __m512i a = _mm512_loadu_si512(v0 + 32 * c), b = _mm512_loadu_si512(v1 + 32 * c);
+          const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b);
+          const __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+          for (int g = 0; g < G; ++g) {
+            const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][t / 2]));
+            acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], pp, lo);
+            acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], pp, hi);
+          }
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      alignas(64) float o[2 * DC][16];
+      for (int j = 0; j < 2 * DC; ++j)
+        _mm512_store_ps(o[j], _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / l[g])));
+      at::BFloat16* os = out + (s * H + h * G + g) * D;
+      for (int c = 0; c < DC; ++c)
+        for (int lane = 0; lane < 4; ++lane)
+          for (int e = 0; e < 4; ++e) {
+            os[32 * c + 8 * lane + e] = static_cast<at::BFloat16>(o[2 * c][4 * lane + e]);
+            os[32 * c + 8 * lane + 4 + e] = static_cast<at::BFloat16>(o[2 * c + 1][4 * lane + e]);
+          }
+    }
+  });
+}
+#else
+template <int G, int DC>  // never called: kHasDotBf16 is false without AVX512_BF16
+void decode_bf16_dp(const at::BFloat16*, int64_t, const at::BFloat16*, const at::BFloat16*,
+                    const int32_t*, const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t,
+                    int64_t, int64_t, int64_t, float) {}
+#endif
+
+// The compiled instances: G = 1..8 query heads per kv head, head_dim 64 or 128 (SmolLM2,
+// Llama, Mistral, Qwen2). Another shape returns false and runs the portable kernel.
+template <typename T>
+bool decode_avx512_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
+                       const int32_t* tables, const int32_t* lens, T* out, int64_t S, int64_t H,
+                       int64_t KVH, int64_t NB, int64_t BS, int64_t D, int64_t max_blocks,
+                       float scale) {
+#define BATCHLENS_ARGS q, q_stride, kc, vc, tables, lens, out, S, H, KVH, NB, BS, max_blocks, scale
+#define BATCHLENS_CASE(G)                                                                   \
+  case G:                                                                                   \
+    if constexpr (std::is_same_v<T, at::BFloat16> && kHasDotBf16) {                         \
+      if (D == 64) return decode_bf16_dp<G, 2>(BATCHLENS_ARGS), true;                       \
+      if (D == 128) return decode_bf16_dp<G, 4>(BATCHLENS_ARGS), true;                      \
+    }                                                                                       \
+    if (D == 64) return decode_avx512<T, G, 4>(BATCHLENS_ARGS), true;                       \
+    if (D == 128) return decode_avx512<T, G, 8>(BATCHLENS_ARGS), true;                      \
+    return false;
+  switch (H / KVH) {
+    BATCHLENS_CASE(1)
+    BATCHLENS_CASE(2)
+    BATCHLENS_CASE(3)
+    BATCHLENS_CASE(4)
+    BATCHLENS_CASE(5)
+    BATCHLENS_CASE(6)
+    BATCHLENS_CASE(7)
+    BATCHLENS_CASE(8)
+    default:
+      return false;
+  }
+#undef BATCHLENS_CASE
+#undef BATCHLENS_ARGS
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// The AVX2 kernel (no AVX-512): float32 FMAs on 8 lanes, keys 8 at a time, the same
+// structure as decode_avx512. AVX2 has 16 vector registers, so the accumulators live in
+// an L1-resident array and p·v runs one 8-wide slice of head_dim at a time.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// e^x for x <= 0, as exp_ps, with 2^k built in the exponent bits (AVX2 has no scalef)
+inline __m256 exp8(__m256 x) {
+  const __m256 y = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)),
+                                 _mm256_set1_ps(1.4426950408889634f));
+  const __m256 k = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(y, k), _mm256_set1_ps(0.6931471805599453f));
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// Lane t of the result is the sum of v[t]'s 8 lanes.
+inline __m256 hsum8(const __m256* v) {
+  const __m256 b0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // b0: low 128 bits the low-half sums of v0..v3, high 128 bits their high-half sums
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+inline float hmax8(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline float hadd8(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+template <typename T, int G, int DV>
+void decode_avx2(const T* q, int64_t q_stride, const T* kc, const T* vc, const int32_t* tables,
+                 const int32_t* lens, T* out, int64_t S, int64_t H, int64_t KVH, int64_t NB,
+                 int64_t BS, int64_t max_blocks, float scale) {
+  constexpr int64_t D = 8 * DV;
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::max());
+  for_each_item(S, KVH, [&](int64_t s, int64_t h) {
+    alignas(32) float qf[G][D], acc[G][D], prob[G][8];
+    float m[G], l[G];
+    for (int g = 0; g < G; ++g) {
+      const T* qs = q + s * q_stride + (h * G + g) * D;
+      for (int j = 0; j < DV; ++j) {
+        _mm256_store_ps(qf[g] + 8 * j, _mm256_mul_ps(load8(qs + 8 * j), _mm256_set1_ps(scale)));
+        _mm256_store_ps(acc[g] + 8 * j, _mm256_setzero_ps());
+      }
+      m[g] = -std::numeric_limits<float>::max();
+      l[g] = 0.f;
+    }
+    KeyWalk<T, 8> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
+    for (int64_t start = 0, cur = 0; start < walk.len; start += 8, cur ^= 1) {
+      const int64_t n = std::min<int64_t>(8, walk.len - start);
+      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(n)), _CMP_LT_OQ);
+      for (int g = 0; g < G; ++g) {
+        __m256 dots[8];
+        for (int t = 0; t < 8; ++t) {
+          __m256 a = _mm256_setzero_ps();
+          if (t < n)
+            for (int j = 0; j < DV; ++j)
+              a = _mm256_fmadd_ps(_mm256_load_ps(qf[g] + 8 * j), load8(kc + row[t] + 8 * j), a);
+          dots[t] = a;
+        }
+        const __m256 x = _mm256_blendv_ps(lowest, hsum8(dots), valid);
+        const float bmax = std::max(m[g], hmax8(x));
+        const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(x, _mm256_set1_ps(bmax))), valid);
+        _mm256_store_ps(prob[g], p);
+        const float corr = std::exp(m[g] - bmax);
+        l[g] = l[g] * corr + hadd8(p);
+        m[g] = bmax;
+        for (int j = 0; j < DV; ++j)
+          _mm256_store_ps(acc[g] + 8 * j,
+                          _mm256_mul_ps(_mm256_load_ps(acc[g] + 8 * j), _mm256_set1_ps(corr)));
+      }
+      for (int j = 0; j < DV; ++j) {
+        __m256 a[G];
+        for (int g = 0; g < G; ++g) a[g] = _mm256_load_ps(acc[g] + 8 * j);
+        for (int64_t t = 0; t < n; ++t) {
+          const __m256 v = load8(vc + row[t] + 8 * j);
+          for (int g = 0; g < G; ++g) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(prob[g][t]), v, a[g]);
+        }
+        for (int g = 0; g < G; ++g) _mm256_store_ps(acc[g] + 8 * j, a[g]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      T* os = out + (s * H + h * G + g) * D;
+      const float inv = 1.f / l[g];
+      for (int64_t d = 0; d < D; ++d) os[d] = static_cast<T>(acc[g][d] * inv);
+    }
+  });
+}
+
+// As decode_avx512_any: G = 1..8, head_dim 64 or 128, else false (the portable kernel).
+template <typename T>
+bool decode_avx2_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
+                     const int32_t* tables, const int32_t* lens, T* out, int64_t S, int64_t H,
+                     int64_t KVH, int64_t NB, int64_t BS, int64_t D, int64_t max_blocks,
+                     float scale) {
+#define BATCHLENS_ARGS q, q_stride, kc, vc, tables, lens, out, S, H, KVH, NB, BS, max_blocks, scale
+#define BATCHLENS_CASE(G)                                                  \
+  case G:                                                                  \
+    if (D == 64) return decode_avx2<T, G, 8>(BATCHLENS_ARGS), true;        \
+    if (D == 128) return decode_avx2<T, G, 16>(BATCHLENS_ARGS), true;      \
+    return false;
+  switch (H / KVH) {
+    BATCHLENS_CASE(1)
+    BATCHLENS_CASE(2)
+    BATCHLENS_CASE(3)
+    BATCHLENS_CASE(4)
+    BATCHLENS_CASE(5)
+    BATCHLENS_CASE(6)
+    BATCHLENS_CASE(7)
+    BATCHLENS_CASE(8)
+    default:
+      return false;
+  }
+#undef BATCHLENS_CASE
+#undef BATCHLENS_ARGS
 }
 #endif
 
@@ -301,7 +557,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(k_cache.size(3) == D && H % KVH == 0, "head sizes do not match");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == S && context_lens.numel() == S,
               "block_tables must be [S, max_blocks] and context_lens [S]");
-  auto qc = q.contiguous();
   auto kc = k_cache.contiguous();
   auto vc = v_cache.contiguous();
   auto bt = block_tables.contiguous();
@@ -318,19 +573,37 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       TORCH_CHECK(tp[s * max_blocks + b] >= 0 && tp[s * max_blocks + b] < NB,
                   "block_tables[", s, "][", b, "] is not a block of the cache");
   }
-  auto out = at::empty_like(qc);
-#if defined(__AVX512F__)
-  if (qc.scalar_type() == at::kBFloat16 &&
-      decode_bf16_avx512(qc.data_ptr<at::BFloat16>(), kc.data_ptr<at::BFloat16>(),
-                         vc.data_ptr<at::BFloat16>(), bt.data_ptr<int32_t>(),
-                         cl.data_ptr<int32_t>(), out.data_ptr<at::BFloat16>(), S, H, KVH, NB, BS,
-                         D, max_blocks, static_cast<float>(scale)))
+  // q may be rows of a wider tensor (the fused QKV output): read in place where it can be
+  auto qc = q.stride(2) == 1 && q.stride(1) == D ? q : q.contiguous();
+  auto out = at::empty({S, H, D}, q.options());
+  const float sc = static_cast<float>(scale);
+  // BATCHLENS_KERNEL_PATH=avx2 or portable: a slower path on purpose (tests, measuring)
+  const char* forced = std::getenv("BATCHLENS_KERNEL_PATH");
+  const std::string path = forced ? forced : "";
+  TORCH_CHECK(path.empty() || path == "avx2" || path == "portable",
+              "BATCHLENS_KERNEL_PATH must be unset, avx2 or portable, got ", path);
+#define BATCHLENS_TRY(any, T)                                                                  \
+  if (qc.scalar_type() == c10::CppTypeToScalarType<T>::value &&                                \
+      any<T>(qc.data_ptr<T>(), qc.stride(0), kc.data_ptr<T>(), vc.data_ptr<T>(), tp, lp,       \
+             out.data_ptr<T>(), S, H, KVH, NB, BS, D, max_blocks, sc))                         \
     return out;
+#if defined(__AVX512F__)
+  if (path.empty()) {
+    BATCHLENS_TRY(decode_avx512_any, at::BFloat16)
+    BATCHLENS_TRY(decode_avx512_any, float)
+  }
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (path != "portable") {
+    BATCHLENS_TRY(decode_avx2_any, at::BFloat16)
+    BATCHLENS_TRY(decode_avx2_any, float)
+  }
+#endif
+#undef BATCHLENS_TRY
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    decode<scalar_t>(qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-                     bt.data_ptr<int32_t>(), cl.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), S,
-                     H, KVH, NB, BS, D, max_blocks, static_cast<float>(scale));
+    decode<scalar_t>(qc.data_ptr<scalar_t>(), qc.stride(0), kc.data_ptr<scalar_t>(),
+                     vc.data_ptr<scalar_t>(), tp, lp, out.data_ptr<scalar_t>(), S, H, KVH, NB, BS,
+                     D, max_blocks, sc);
   });
   return out;
 }

@@ -1,0 +1,284 @@
+// The decoder layer's elementwise work, fused: one pass over the rows instead of a chain of
+// small torch ops (each of which reads and writes the whole activation and, on a CPU, pays
+// for starting its own thread team).
+//
+//   add_rms_norm   x += delta (the residual stream, in place), then RMSNorm(x) * weight
+//   rope_write_kv  RoPE on the q and k heads of the fused QKV output (in place), and this
+//                  step's K and V stored in the paged cache at their slots
+//   silu_mul       SiLU(gate) * up from the fused gate/up output
+//
+// Sums, squares and products are taken in float32 and rounded once to the tensor's dtype
+// (torch's bfloat16 ops round after every op, so results differ from them in the last bit
+// now and then). Rows are split across threads only when there is enough work: a decode
+// step's rows run on the calling thread, with no OpenMP region at all.
+//
+//   qkv row   [ q: H x D | k: KVH x D | v: KVH x D ]
+//   k_cache   [KVH, NUM_BLOCKS, BS, D]   slot = block * BS + offset; v_cache alike
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kMinElemsPerThread = 32768;  // below this a row range runs unsplit
+
+inline float to_f(float x) { return x; }
+inline float to_f(at::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float to_f(at::Half x) { return static_cast<float>(x); }
+
+inline float to_f(double x) { return static_cast<float>(x); }
+
+template <typename T>
+inline T from_f(float f) { return static_cast<T>(f); }
+template <>
+inline at::BFloat16 from_f<at::BFloat16>(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return at::BFloat16(static_cast<uint16_t>(u >> 16), at::BFloat16::from_bits());
+}
+
+// e^x, |relative error| < 2e-7: 2^(x log2 e) = 2^k * 2^f, |f| <= 1/2, 2^f by its Taylor
+// series; written with plain arithmetic so that loops over it vectorise
+inline float exp_f(float x) {
+  x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+  const float y = x * 1.44269504088896341f;
+  const float k = (y + 12582912.f) - 12582912.f;  // y rounded to the nearest integer
+  const float f = (y - k) * 0.693147180559945309f;
+  float p = 1.f / 5040;
+  p = p * f + 1.f / 720;
+  p = p * f + 1.f / 120;
+  p = p * f + 1.f / 24;
+  p = p * f + 1.f / 6;
+  p = p * f + 0.5f;
+  p = p * f + 1.f;
+  p = p * f + 1.f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+int64_t grain_rows(int64_t row_elems) {
+  return std::max<int64_t>(1, kMinElemsPerThread / std::max<int64_t>(1, row_elems));
+}
+
+template <typename T>
+void add_rms_norm_impl(T* x, const T* delta, const T* w, T* out, int64_t rows, int64_t n,
+                       int64_t x_stride, int64_t d_stride, float eps) {
+  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + r * x_stride;
+      float ss = 0.f;
+      if (delta != nullptr) {
+        const T* dr = delta + r * d_stride;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = to_f(from_f<T>(to_f(xr[i]) + to_f(dr[i])));
+          xr[i] = from_f<T>(v);
+          ss += v * v;
+        }
+      } else {
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = to_f(xr[i]);
+          ss += v * v;
+        }
+      }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+      T* o = out + r * n;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = from_f<T>(to_f(xr[i]) * inv * to_f(w[i]));
+    }
+  });
+}
+
+at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
+                        const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
+              "add_rms_norm: x must be a CPU [rows, hidden] tensor with contiguous rows");
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == n && weight.scalar_type() == x.scalar_type(),
+              "add_rms_norm: weight must be [hidden] in x's dtype");
+  auto w = weight.contiguous();
+  at::Tensor d;
+  if (delta.has_value()) {
+    d = *delta;
+    TORCH_CHECK(d.sizes() == x.sizes() && d.stride(1) == 1 && d.scalar_type() == x.scalar_type(),
+                "add_rms_norm: delta must match x");
+  }
+  auto out = at::empty({rows, n}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    add_rms_norm_impl<scalar_t>(x.data_ptr<scalar_t>(),
+                                d.defined() ? d.data_ptr<scalar_t>() : nullptr,
+                                w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
+                                x.stride(0), d.defined() ? d.stride(0) : 0,
+                                static_cast<float>(eps));
+  });
+  return out;
+}
+
+// RoPE as transformers applies it (rotate_half): for i < D/2
+//   out[i]       = x[i] cos[i] - x[i + D/2] sin[i]
+//   out[i + D/2] = x[i + D/2] cos[i + D/2] + x[i] sin[i + D/2]
+template <typename T>
+inline void rope_head(T* x, const T* c, const T* s, int64_t half) {
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = to_f(x[i]), b = to_f(x[i + half]);
+    x[i] = from_f<T>(a * to_f(c[i]) - b * to_f(s[i]));
+    x[i + half] = from_f<T>(b * to_f(c[i + half]) + a * to_f(s[i + half]));
+  }
+}
+
+template <typename T>
+void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
+                        const int64_t* pos, T* kc, T* vc, const int64_t* slots, int64_t rows,
+                        int64_t H, int64_t KVH, int64_t D, int64_t num_slots) {
+  const int64_t half = D / 2;
+  at::parallel_for(0, rows, grain_rows((H + 2 * KVH) * D), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* row = qkv + r * row_stride;
+      const T* c = cos + pos[r] * D;
+      const T* s = sin + pos[r] * D;
+      for (int64_t h = 0; h < H + KVH; ++h) rope_head(row + h * D, c, s, half);
+      const int64_t slot = slots[r];
+      for (int64_t h = 0; h < KVH; ++h) {
+        std::memcpy(kc + (h * num_slots + slot) * D, row + (H + h) * D, D * sizeof(T));
+        std::memcpy(vc + (h * num_slots + slot) * D, row + (H + KVH + h) * D, D * sizeof(T));
+      }
+    }
+  });
+}
+
+void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& positions, at::Tensor k_cache, at::Tensor v_cache,
+                   const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1,
+              "rope_write_kv: qkv must be a CPU [rows, width] tensor with contiguous rows");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes(),
+              "rope_write_kv: caches must be contiguous [KVH, NB, BS, D] of one shape");
+  const int64_t rows = qkv.size(0), D = k_cache.size(3);
+  const int64_t H = num_heads, KVH = num_kv_heads;
+  TORCH_CHECK(KVH == k_cache.size(0) && qkv.size(1) == (H + 2 * KVH) * D && D % 2 == 0,
+              "rope_write_kv: qkv width must be (heads + 2 kv heads) x head_dim");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 && cos.size(1) == D &&
+                  sin.sizes() == cos.sizes(),
+              "rope_write_kv: cos and sin must be contiguous [positions, head_dim]");
+  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && qkv.scalar_type() == cos.scalar_type() &&
+                  qkv.scalar_type() == sin.scalar_type() && qkv.scalar_type() == v_cache.scalar_type(),
+              "rope_write_kv: qkv, cos, sin and the caches must share a dtype");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong &&
+                  positions.numel() == rows && slot_mapping.numel() == rows,
+              "rope_write_kv: positions and slot_mapping must be int64 [rows]");
+  auto pos = positions.contiguous();
+  auto slots = slot_mapping.contiguous();
+  const int64_t num_slots = k_cache.size(1) * k_cache.size(2), max_pos = cos.size(0);
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)  // a bad index would write outside the cache
+    TORCH_CHECK(pp[r] >= 0 && pp[r] < max_pos && sp[r] >= 0 && sp[r] < num_slots,
+                "rope_write_kv: row ", r, " has position ", pp[r], " / slot ", sp[r],
+                " outside the tables");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
+    rope_write_kv_impl<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), cos.data_ptr<scalar_t>(),
+                                 sin.data_ptr<scalar_t>(), pp, k_cache.data_ptr<scalar_t>(),
+                                 v_cache.data_ptr<scalar_t>(), sp, rows, H, KVH, D, num_slots);
+  });
+}
+
+#if defined(__AVX512F__)
+// 16 lanes of SiLU(g) * u for bfloat16: e^-g as in exp_f, 1 / (1 + e^-g) by the 14-bit
+// reciprocal (bfloat16 keeps 8 bits), rounded to nearest even on the way out
+inline void silu_mul_bf16x16(const at::BFloat16* g, const at::BFloat16* u, at::BFloat16* o) {
+  auto load = [](const at::BFloat16* p) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  };
+  const __m512 x = load(g);
+  const __m512 y = _mm512_mul_ps(
+      _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)), _mm512_set1_ps(87.f)),
+      _mm512_set1_ps(-1.44269504088896341f));  // -x log2 e
+  const __m512 k = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(y, k), _mm512_set1_ps(0.693147180559945309f));
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  const __m512 e = _mm512_scalef_ps(p, k);  // e^-x
+  const __m512 s = _mm512_mul_ps(x, _mm512_rcp14_ps(_mm512_add_ps(e, _mm512_set1_ps(1.f))));
+  __m512i bits = _mm512_castps_si512(_mm512_mul_ps(s, load(u)));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  bits = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi32_epi16(bits));
+}
+#endif
+
+template <typename T>
+void silu_mul_impl(const T* in, T* out, int64_t rows, int64_t n, int64_t in_stride) {
+  at::parallel_for(0, rows, grain_rows(2 * n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = in + r * in_stride;
+      const T* u = g + n;
+      T* o = out + r * n;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, at::BFloat16>)
+        for (; i + 16 <= n; i += 16) silu_mul_bf16x16(g + i, u + i, o + i);
+#endif
+#pragma omp simd
+      for (int64_t j = i; j < n; ++j) {
+        const float x = to_f(g[j]);
+        o[j] = from_f<T>(x / (1.f + exp_f(-x)) * to_f(u[j]));
+      }
+    }
+  });
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.stride(1) == 1 &&
+                  gate_up.size(1) % 2 == 0,
+              "silu_mul: gate_up must be a CPU [rows, 2 x intermediate] tensor");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  auto out = at::empty({rows, n}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
+    silu_mul_impl<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
+                            gate_up.stride(0));
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(batchlens, m) {
+  m.def("add_rms_norm(Tensor(a!) x, Tensor? delta, Tensor weight, float eps) -> Tensor");
+  m.def("rope_write_kv(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor positions, "
+        "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slot_mapping, int num_heads, "
+        "int num_kv_heads) -> ()");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rope_write_kv", &rope_write_kv);
+  m.impl("silu_mul", &silu_mul);
+}

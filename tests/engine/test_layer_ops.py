@@ -1,0 +1,133 @@
+"""The fused layer ops (csrc/layer_ops.cpp) against the torch ops they replace, and the
+bfloat16 forward with them against the forward without them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models import native
+
+
+@pytest.fixture(autouse=True)
+def built() -> None:
+    """Built on first use (not while tests are collected); skipped where it cannot be."""
+    ok, reason = native._build()
+    if not ok:
+        pytest.skip(f"the native kernels could not be built here: {reason}")
+
+# float32: the same math, other rounding order; bfloat16: one rounding instead of torch's
+# rounding after every op
+TOL = {torch.float32: 1e-5, torch.bfloat16: 4e-2}
+
+
+def ops():
+    return torch.ops.batchlens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 300])  # 300 rows: split across threads
+def test_add_rms_norm_adds_the_residual_in_place_then_normalises(dtype, rows):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 576, generator=g).to(dtype)
+    delta = torch.randn(rows, 576, generator=g).to(dtype)
+    w = torch.randn(576, generator=g).to(dtype)
+    residual = x + delta  # torch's add, rounded to the dtype as the engine's add was
+    want = F.rms_norm(residual.float(), (576,), w.float(), eps=1e-5)
+    got = ops().add_rms_norm(x, delta, w, 1e-5)
+    assert torch.equal(x, residual)  # the residual stream, updated in place
+    assert got.dtype == dtype and got.shape == (rows, 576)
+    assert (got.float() - want).abs().max().item() < TOL[dtype] * want.abs().max().item()
+    alone = ops().add_rms_norm(x, None, w, 1e-5)  # no delta: the norm of x as it is
+    torch.testing.assert_close(alone, got, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_rotates_q_and_k_in_place_and_stores_k_v_at_their_slots(dtype):
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, d, rows = 9, 3, 64, 5
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
+    angles = torch.randn(100, d // 2, generator=g)
+    cos = torch.cat([angles.cos()] * 2, -1).to(dtype)
+    sin = torch.cat([angles.sin()] * 2, -1).to(dtype)
+    positions = torch.tensor([0, 3, 99, 50, 7])
+    slots = torch.tensor([9, 0, 31, 12, 4])  # any order, any block
+    k_cache = torch.zeros(kv_heads, 4, 8, d, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    before = qkv.clone()
+    ops().rope_write_kv(qkv, cos, sin, positions, k_cache, v_cache, slots, heads, kv_heads)
+    x = before[:, : (heads + kv_heads) * d].view(rows, heads + kv_heads, d).float()
+    rotated = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+    want = x * cos[positions].float()[:, None] + rotated * sin[positions].float()[:, None]
+    got = qkv[:, : (heads + kv_heads) * d].view(rows, heads + kv_heads, d).float()
+    assert (got - want).abs().max().item() < TOL[dtype] * want.abs().max().item()
+    assert torch.equal(qkv[:, (heads + kv_heads) * d:], before[:, (heads + kv_heads) * d:])
+    k_at = k_cache.view(kv_heads, 32, d)[:, slots].transpose(0, 1)
+    v_at = v_cache.view(kv_heads, 32, d)[:, slots].transpose(0, 1)
+    assert torch.equal(k_at, qkv[:, heads * d: (heads + kv_heads) * d].view(rows, kv_heads, d))
+    assert torch.equal(v_at, before[:, (heads + kv_heads) * d:].view(rows, kv_heads, d))
+    assert k_cache.view(kv_heads, 32, d)[:, 1].abs().sum() == 0  # no other slot written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_is_silu_of_the_gate_times_up(dtype):
+    g = torch.Generator().manual_seed(2)
+    gate_up = (torch.randn(37, 2 * 1536, generator=g) * 4).to(dtype)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = ops().silu_mul(gate_up)
+    assert got.shape == (37, 1536) and got.dtype == dtype
+    assert (got.float() - want).abs().max().item() < TOL[dtype] * want.abs().max().item()
+    # exp over/underflow, in the 16-wide vector path and the scalar tail alike
+    gate = torch.tensor([-200.0, 0.0, 200.0, -90.0, 90.0] * 4)[:17]
+    extreme = torch.cat([gate, torch.ones(17)])[None].to(dtype)
+    want = torch.where(gate > 0, gate, torch.zeros(17))[None]
+    torch.testing.assert_close(ops().silu_mul(extreme).float(), want)
+
+
+def test_a_slot_outside_the_cache_is_refused_before_anything_is_written():
+    qkv = torch.zeros(2, 5 * 64, dtype=torch.bfloat16)
+    table = torch.zeros(10, 64, dtype=torch.bfloat16)
+    cache = torch.zeros(1, 2, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="slot 8 outside"):
+        ops().rope_write_kv(qkv, table, table, torch.tensor([0, 1]), cache, cache.clone(),
+                            torch.tensor([0, 8]), 3, 1)
+    with pytest.raises(RuntimeError, match="position 10"):
+        ops().rope_write_kv(qkv, table, table, torch.tensor([10, 1]), cache, cache.clone(),
+                            torch.tensor([0, 1]), 3, 1)
+    with pytest.raises(RuntimeError, match="weight must be"):
+        ops().add_rms_norm(torch.zeros(2, 8), None, torch.zeros(4), 1e-5)
+
+
+def test_only_cpu_reduced_precision_takes_the_fused_ops():
+    assert not native.layer_ops(torch.device("cpu"), torch.float32)  # transformers' exact ops
+    assert not native.layer_ops(torch.device("cuda"), torch.bfloat16)
+    assert native.layer_ops(torch.device("cpu"), torch.bfloat16)
+
+
+@pytest.mark.model
+def test_the_fused_bfloat16_forward_gives_the_unfused_logits(tiny_models):
+    """A tiny random Llama, one prefill of two prompts: the same logits up to bfloat16
+    rounding, with or without the fused ops."""
+    from engine.models.attention import AttentionMetadata, PrefillChunk
+    from engine.models.llama import LlamaModel
+
+    model = LlamaModel.from_folder(tiny_models["llama"], torch.device("cpu"), torch.bfloat16)
+    assert model.fused_ops
+    spec = model.spec
+    ids = torch.tensor([5, 9, 300, 17, 2, 44, 81, 7, 600, 3])
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1, 2, 3])
+    meta = AttentionMetadata(slot_mapping=torch.arange(10),
+                             prefills=[PrefillChunk(0, 6, 6, None), PrefillChunk(6, 4, 4, None)])
+    logits = []
+    for fused in (True, False):
+        model.fused_ops = fused
+        caches = [(torch.zeros(spec.num_kv_heads, 4, 8, spec.head_dim, dtype=torch.bfloat16),
+                   torch.zeros(spec.num_kv_heads, 4, 8, spec.head_dim, dtype=torch.bfloat16))
+                  for _ in range(spec.num_layers)]
+        logits.append(model.forward(ids, positions, meta, caches, torch.tensor([5, 9])))
+    fused, plain = logits
+    assert fused.dtype == torch.float32 and fused.shape == (2, spec.vocab_size)
+    assert (fused - plain).abs().max().item() < 0.05 * plain.abs().max().item()
+    assert torch.equal(fused.argmax(-1), plain.argmax(-1))
