@@ -216,15 +216,22 @@ inline __m512 hsum16(const __m512* v) {
 }
 
 // Online softmax over one tile of scores x (lane t: key t, n valid): the tile's
-// probabilities p (0 past n), with the running max m and sum l of one query head updated;
-// returns the factor the head's accumulator must be scaled by.
-inline float softmax_tile(__m512 x, __mmask16 valid, float& m, float& l, __m512& p) {
-  const float bmax = std::max(m, _mm512_mask_reduce_max_ps(valid, x));
-  p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(bmax))));
-  const float corr = std::exp(m - bmax);
-  l = l * corr + _mm512_reduce_add_ps(p);
-  m = bmax;
-  return corr;
+// probabilities p (0 past n), with the running max m and the per-lane running sums l of one
+// query head updated. True when the max grew: the head's accumulator must then be scaled by
+// `corr` (l is, here). After the first tiles the max rarely grows, and a tile costs one
+// compare: no reduction, no scalar exp, no rescaling on the serial path.
+inline bool softmax_tile(__m512 x, __mmask16 valid, float& m, __m512& l, __m512& p,
+                         float& corr) {
+  const bool grew = _mm512_mask_cmp_ps_mask(valid, x, _mm512_set1_ps(m), _CMP_GT_OQ) != 0;
+  if (grew) {
+    const float bmax = _mm512_mask_reduce_max_ps(valid, x);
+    corr = std::exp(m - bmax);
+    l = _mm512_mul_ps(l, _mm512_set1_ps(corr));
+    m = bmax;
+  }
+  p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(m))));
+  l = _mm512_add_ps(l, p);
+  return grew;
 }
 
 // float32 and bfloat16 by float32 FMAs (q·k and p·v), head_dim = 16 DV. G (query heads per
@@ -237,8 +244,8 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
                    int64_t BS, int64_t max_blocks, float scale) {
   constexpr int64_t D = 16 * DV;
   for_each_item(S, KVH, [&](int64_t s, int64_t h) {
-    __m512 qf[G][DV], acc[G][DV];
-    float m[G], l[G];
+    __m512 qf[G][DV], acc[G][DV], l[G];
+    float m[G];
     for (int g = 0; g < G; ++g) {
       const T* qs = q + s * q_stride + (h * G + g) * D;
       for (int j = 0; j < DV; ++j) {
@@ -246,7 +253,7 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
         acc[g][j] = _mm512_setzero_ps();
       }
       m[g] = -std::numeric_limits<float>::max();  // finite: no inf - inf
-      l[g] = 0.f;
+      l[g] = _mm512_setzero_ps();
     }
     KeyWalk<T> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
     for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
@@ -263,9 +270,10 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
           dots[t] = a;
         }
         __m512 p;
-        const float corr = softmax_tile(hsum16(dots), valid, m[g], l[g], p);
+        float corr;
+        if (softmax_tile(hsum16(dots), valid, m[g], l[g], p, corr))
+          for (int j = 0; j < DV; ++j) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
         _mm512_store_ps(prob[g], p);
-        for (int j = 0; j < DV; ++j) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
       }
       for (int64_t t = 0; t < n; ++t)
         for (int j = 0; j < DV; ++j) {
@@ -277,7 +285,7 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
     for (int g = 0; g < G; ++g) {
       alignas(64) float o[D];
       for (int j = 0; j < DV; ++j)
-        _mm512_store_ps(o + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / l[g])));
+        _mm512_store_ps(o + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]))));
       T* os = out + (s * H + h * G + g) * D;
       for (int64_t d = 0; d < D; ++d) os[d] = static_cast<T>(o[d]);
     }
@@ -302,15 +310,15 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
   constexpr int64_t D = 32 * DC;
   for_each_item(S, KVH, [&](int64_t s, int64_t h) {
     __m512bh qb[G][DC];
-    __m512 acc[G][2 * DC];
+    __m512 acc[G][2 * DC], l[G];
     alignas(64) uint32_t pairs[G][8];  // (p_2k, p_2k+1) as bfloat16 pairs
-    float m[G], l[G];
+    float m[G];
     for (int g = 0; g < G; ++g) {
       const at::BFloat16* qs = q + s * q_stride + (h * G + g) * D;
       for (int j = 0; j < DC; ++j) qb[g][j] = (__m512bh)_mm512_loadu_si512(qs + 32 * j);
       for (int j = 0; j < 2 * DC; ++j) acc[g][j] = _mm512_setzero_ps();
       m[g] = -std::numeric_limits<float>::max();
-      l[g] = 0.f;
+      l[g] = _mm512_setzero_ps();
     }
     KeyWalk<at::BFloat16> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
     for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
@@ -327,10 +335,11 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
           dots[t] = a;
         }
         __m512 p;
-        const float corr =
-            softmax_tile(_mm512_mul_ps(hsum16(dots), _mm512_set1_ps(scale)), valid, m[g], l[g], p);
+        float corr;
+        if (softmax_tile(_mm512_mul_ps(hsum16(dots), _mm512_set1_ps(scale)), valid, m[g], l[g], p,
+                         corr))
+          for (int j = 0; j < 2 * DC; ++j) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
         _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
-        for (int j = 0; j < 2 * DC; ++j) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
       }
       for (int64_t t = 0; t < n; t += 2) {
         const at::BFloat16* v0 = vc + row[t];
@@ -350,7 +359,7 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
     for (int g = 0; g < G; ++g) {
       alignas(64) float o[2 * DC][16];
       for (int j = 0; j < 2 * DC; ++j)
-        _mm512_store_ps(o[j], _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / l[g])));
+        _mm512_store_ps(o[j], _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]))));
       at::BFloat16* os = out + (s * H + h * G + g) * D;
       for (int c = 0; c < DC; ++c)
         for (int lane = 0; lane < 4; ++lane)
