@@ -48,7 +48,7 @@ from engine.models.attention import (
     gather_index,
 )
 from engine.models.llama import LlamaModel, ModelSpec
-from engine.sampler import sample
+from engine.sampler import greedy, sample
 from engine.sequence import Sequence
 
 GROUP_OVERHEAD = 24  # cost of one more decode group, in padded (request x block) units
@@ -496,12 +496,12 @@ class ModelRunner:
                 logits = logits[: len(sampled)]  # rows past them pad a bucket
             seqs = [entries[i][0] for i in sampled]
             if self.speculative and any(s.spec_token_ids for s in seqs):
-                return speculative.verify_batch(logits, entries, sampled, generators)
+                return speculative.verify_batch(logits.float(), entries, sampled, generators)
             if any(not s.params.greedy for s in seqs):
                 gens = [generators.get(s.request_id) for s in seqs]
-                tokens = sample(logits, [s.params for s in seqs], gens)
-            else:  # every request greedy: one argmax, one copy
-                tokens = logits.argmax(dim=-1).tolist()
+                tokens = sample(logits.float(), [s.params for s in seqs], gens)
+            else:  # every request greedy: one argmax over the logits as they are
+                tokens = greedy(logits)
             return dict(zip(sampled, tokens, strict=True))
 
         return compute.run(step)

@@ -1,6 +1,6 @@
 """Token sampling for a whole batch on the logits' device, with per-request parameters.
 
-Greedy rows take one batched argmax. Sampled rows apply temperature, top-k and top-p as
+Greedy rows take one batched argmax (`greedy`, in place on a CPU's bfloat16 logits). Sampled rows apply temperature, top-k and top-p as
 tensor ops over all of them at once, then draw by the exponential race (argmax of
 probs / E with E ~ Exp(1), which picks token i with probability probs[i]). The only
 device->host copy is the final `.tolist()` of the chosen ids.
@@ -17,6 +17,15 @@ from __future__ import annotations
 import torch
 
 from engine.config import SamplingParams
+from engine.models import native
+
+
+def greedy(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax: the first largest logit (a NaN above all), as `torch.argmax`.
+    bfloat16 logits on a CPU are read in place by the native kernel (no float32 copy)."""
+    if native.layer_ops(logits.device, logits.dtype):
+        return torch.ops.batchlens.argmax_rows(logits).tolist()
+    return logits.argmax(dim=-1).tolist()
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:

@@ -177,7 +177,8 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """Run one flat batch; return float32 logits of `logits_rows` only: [R, vocab]."""
+        """Run one flat batch; return the logits of `logits_rows` only, [R, vocab], in the
+        model's dtype (greedy sampling reads bfloat16 in place; the sampler takes float32)."""
         if self.fused_ops:
             return self._forward_fused(input_ids, positions, meta, kv_caches, logits_rows)
         spec = self.spec
@@ -201,7 +202,7 @@ class LlamaModel:
             gate, up = layer.gate_up(hs).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         x = self._rms_norm(x[logits_rows], self.norm)
-        return self.lm_head(x).float()
+        return self.lm_head(x)
 
     def _forward_fused(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -227,4 +228,4 @@ class LlamaModel:
             hs = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
             delta = layer.down(ops.silu_mul(layer.gate_up(hs)))
         x = ops.add_rms_norm(x[logits_rows], delta[logits_rows], self.norm, eps)
-        return self.lm_head(x).float()
+        return self.lm_head(x)

@@ -31,6 +31,7 @@ from engine.config import SamplingParams
 from engine.metrics import RequestMetrics
 from engine.models.loaded import LoadedModel
 from engine.runner import ModelRunner
+from engine.sampler import greedy
 from engine.sequence import Sequence
 
 PARTS = ("matmuls", "paged attention", "decode attention", "prefill attention", "elementwise",
@@ -122,7 +123,7 @@ def _profile(runner: ModelRunner, tables: dict[str, list[int]], name: str,
         ids, pos, meta, rows, sampled = runner.prepare(entries, tables)
         logits = model.forward(ids, pos, meta, runner.kv_caches, rows)
         with record_function(SAMPLER_SCOPE):
-            logits[: len(sampled)].argmax(dim=-1).tolist()
+            greedy(logits[: len(sampled)])
 
     step()  # warm-up: oneDNN picks its kernels for these shapes
     runs = []

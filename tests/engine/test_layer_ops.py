@@ -106,6 +106,34 @@ def test_only_cpu_reduced_precision_takes_the_fused_ops():
     assert native.layer_ops(torch.device("cpu"), torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 33, 1000, 49152])
+def test_argmax_rows_is_torch_argmax(dtype, width):
+    """Random rows, then ties (the first index wins), NaN (above everything, the first
+    one), -inf everywhere, and rows of a wider tensor."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(70, width, generator=g).to(dtype)  # 70 rows: split across threads
+    if width >= 17:
+        x[1, [3, 16]] = 9.0  # ties inside and across 16-lane groups
+        x[2, [width - 1, 5]] = 9.0
+        x[3, width // 2] = float("nan")
+        x[4, [width - 1, 2]] = float("nan")
+        x[5] = float("-inf")
+        x[6, :] = 0.0
+    assert torch.equal(ops().argmax_rows(x), x.argmax(dim=-1))
+    if width > 2:
+        part = x[::3, 1:]  # rows with a stride, not the tensor's own
+        assert torch.equal(ops().argmax_rows(part), part.argmax(dim=-1))
+
+
+def test_greedy_sampling_reads_bfloat16_logits_in_place():
+    from engine.sampler import greedy
+
+    logits = torch.randn(8, 3000, generator=torch.Generator().manual_seed(1)).bfloat16()
+    assert greedy(logits) == logits.float().argmax(dim=-1).tolist()
+    assert greedy(logits.float()) == logits.float().argmax(dim=-1).tolist()
+
+
 @pytest.mark.model
 def test_the_fused_bfloat16_forward_gives_the_unfused_logits(tiny_models):
     """A tiny random Llama, one prefill of two prompts: the same logits up to bfloat16
@@ -128,6 +156,7 @@ def test_the_fused_bfloat16_forward_gives_the_unfused_logits(tiny_models):
                   for _ in range(spec.num_layers)]
         logits.append(model.forward(ids, positions, meta, caches, torch.tensor([5, 9])))
     fused, plain = logits
-    assert fused.dtype == torch.float32 and fused.shape == (2, spec.vocab_size)
+    assert fused.dtype == torch.bfloat16 and fused.shape == (2, spec.vocab_size)
+    fused, plain = fused.float(), plain.float()
     assert (fused - plain).abs().max().item() < 0.05 * plain.abs().max().item()
     assert torch.equal(fused.argmax(-1), plain.argmax(-1))
