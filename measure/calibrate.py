@@ -6,6 +6,7 @@ machine the app runs on next to the reference hardware. Cached per process.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -39,8 +40,9 @@ class Calibration:
     seconds: float = 0.0  # time the measurement took
 
 
-def calibrate(seconds: float = 3.0, device: str = "cpu") -> Calibration:
-    """Measure bandwidth and FLOP/s on `device` ("cpu" or "cuda") within about `seconds`.
+def calibrate(seconds: float = 3.0, device: str = "cpu", fresh: bool = False) -> Calibration:
+    """Measure bandwidth and FLOP/s on `device` ("cpu" or "cuda") within about `seconds`
+    (once per process, unless `fresh`: measured again, and not kept).
 
     Runs on the compute thread (`engine.compute`), like every engine step: a CPU
     measurement from any other thread leaves a second OpenMP team behind, which slowed
@@ -52,11 +54,25 @@ def calibrate(seconds: float = 3.0, device: str = "cpu") -> Calibration:
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' requested but torch.cuda.is_available() is False")
-    return compute.run(_calibrate_cached, float(seconds), device)
+    return compute.run(_measure if fresh else _calibrate_cached, float(seconds), device)
 
 
-@functools.lru_cache(maxsize=8)
-def _calibrate_cached(seconds: float, device: str) -> Calibration:
+def best_of(first: Calibration, *more: Calibration) -> Calibration:
+    """The highest bandwidth and FLOP/s of several measurements of one device: another
+    process taking a core for a moment can only lower a figure, never raise it."""
+    cals = (first, *more)
+    by_dtype = {k: max(c.tflops_by_dtype.get(k, 0.0) for c in cals)
+                for k in first.tflops_by_dtype}
+    offload = [c.offload_bandwidth_gbs for c in cals if c.offload_bandwidth_gbs is not None]
+    return dataclasses.replace(
+        first, bandwidth_gbs=max(c.bandwidth_gbs for c in cals),
+        tflops=max(by_dtype.values(), default=max(c.tflops for c in cals)),
+        tflops_by_dtype=by_dtype,
+        offload_bandwidth_gbs=max(offload) if offload else None,
+        seconds=sum(c.seconds for c in cals))
+
+
+def _measure(seconds: float, device: str) -> Calibration:
     start = time.perf_counter()
     dev = torch.device(device)
     total_gib, avail_gib = _memory_gib(device)
@@ -81,6 +97,9 @@ def _calibrate_cached(seconds: float, device: str) -> Calibration:
         threads=torch.get_num_threads(),
         seconds=time.perf_counter() - start,
     )
+
+
+_calibrate_cached = functools.lru_cache(maxsize=8)(_measure)
 
 
 def _best_seconds(fn: Callable[[], object], budget: float, sync: Callable[[], None]) -> float:

@@ -13,31 +13,38 @@ from measure import hardware
 from measure.bench.breakdown import StepProfile, format_profiles
 from measure.bench.requests import BenchRequest
 from measure.bench.runs import RunResult
-from measure.calibrate import calibrate
+from measure.calibrate import Calibration, calibrate
 from measure.roofline import machine_profile, mix_floor, model_profile_key
 
 FLOOR_ELSEWHERE = ("h100", "rtx4090")  # reference hardware the floor ratio is also shown for
 
 
-def roofline_floor(loaded: LoadedModel, reqs: list[BenchRequest],
-                   concurrency: int) -> dict[str, Any] | None:
-    """The mix's roofline floors (`measure.roofline.mix_floor`) on this machine, measured by
-    `measure.calibrate` (about 3 s), and its ratio on reference GPUs; None for a model with
-    no profile in measure/hardware.py."""
+def roofline_floor(loaded: LoadedModel, reqs: list[BenchRequest], concurrency: int,
+                   cal: Calibration | None = None, measurements: int = 1) -> dict[str, Any] | None:
+    """The mix's roofline floors (`measure.roofline.mix_floor`) on this machine, as `cal`
+    says (by default measured by `measure.calibrate`, about 3 s; `measurements`: how many
+    it is the best of), and its ratio on reference GPUs; None for a model with no profile
+    in measure/hardware.py."""
     key = model_profile_key(loaded.model.spec)
     if key is None:
         return None
     model = loaded.model
-    cal = calibrate(device="cuda" if model.device.type == "cuda" else "cpu")
+    cal = cal or calibrate(device=device_of(loaded))
     here = machine_profile(cal, model.dtype)
     lens = [len(r.prompt_ids) for r in reqs], [r.max_tokens for r in reqs]
     floor = mix_floor(*lens, concurrency, key, here)
     return {"concurrency": concurrency, "requests": len(reqs), "bandwidth_gbs": cal.bandwidth_gbs,
+            "measurements": measurements,
             "tflops": here.peak_tflops, "dtype": str(model.dtype).removeprefix("torch."),
             "batched_s": floor.batched_s, "sequential_s": floor.sequential_s,
             "output_tokens": floor.output_tokens, "ratio": floor.ratio,
             "elsewhere": {hardware.get_hardware(k).name: mix_floor(*lens, concurrency, key, k).ratio
                           for k in FLOOR_ELSEWHERE}}
+
+
+def device_of(loaded: LoadedModel) -> str:
+    """"cuda" or "cpu": the device `measure.calibrate` measures for this model."""
+    return "cuda" if loaded.model.device.type == "cuda" else "cpu"
 
 
 def floor_lines(floor: dict[str, Any], results: list[RunResult]) -> list[str]:
@@ -46,7 +53,9 @@ def floor_lines(floor: dict[str, Any], results: list[RunResult]) -> list[str]:
     eng, loc = f"engine@{f['concurrency']}", f"local@{f['requests']}"
     best = {eng: f["output_tokens"] / f["batched_s"], loc: f["output_tokens"] / f["sequential_s"]}
     lines = [f"roofline floor of this mix here ({f['bandwidth_gbs']:.1f} GB/s, "
-             f"{f['tflops']:.2f} TFLOPS {f['dtype']}, measured by measure.calibrate; no "
+             f"{f['tflops']:.2f} TFLOPS {f['dtype']}, measured by measure.calibrate"
+             + (f", best of {f['measurements']}, before and after the runs"
+                if f.get("measurements", 1) > 1 else "") + "; no "
              f"overheads, no attention FLOPs): {eng} >= {f['batched_s']:.1f} s "
              f"({best[eng]:.0f} tok/s), {loc} >= {f['sequential_s']:.1f} s ({best[loc]:.0f} "
              f"tok/s): batching alone can buy {f['ratio']:.1f}x on this machine"]

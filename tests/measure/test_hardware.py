@@ -9,7 +9,7 @@ import pytest
 from engine import compute
 from measure import calibrate as calibrate_module
 from measure import hardware as hwm
-from measure.calibrate import Calibration, calibrate
+from measure.calibrate import Calibration, best_of, calibrate
 from measure.hardware import (
     GB,
     HARDWARE,
@@ -256,6 +256,20 @@ def test_calibrate_runs_on_the_compute_thread(monkeypatch: pytest.MonkeyPatch) -
     calibrate(seconds=0.25)  # a duration no other test uses: not served from the cache
     assert seen == [True]
 
+
+
+def test_a_fresh_calibration_is_measured_again_and_best_of_keeps_the_highest() -> None:
+    cached = calibrate(seconds=0.3)
+    again = calibrate(seconds=0.3, fresh=True)
+    assert again is not cached and calibrate(seconds=0.3) is cached  # fresh ones not kept
+    slow = dataclasses.replace(cached, bandwidth_gbs=1.0, tflops=0.001,
+                               tflops_by_dtype={"float32": 0.001, "bfloat16": 0.0005})
+    best = best_of(slow, again)
+    assert best.bandwidth_gbs == again.bandwidth_gbs
+    assert best.tflops_by_dtype == again.tflops_by_dtype and best.tflops == again.tflops
+    mixed = dataclasses.replace(again, tflops_by_dtype={"float32": 9.0, "bfloat16": 0.0})
+    assert best_of(again, mixed).tflops_by_dtype == {
+        "float32": 9.0, "bfloat16": again.tflops_by_dtype["bfloat16"]}
 
 def test_matmul_params_count_the_lm_head_only_where_logits_are_needed() -> None:
     small, big = MODELS["smollm2-135m"], MODELS["llama-2-7b"]
