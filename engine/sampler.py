@@ -22,9 +22,12 @@ from engine.models import native
 
 def greedy(logits: torch.Tensor) -> list[int]:
     """Each row's argmax: the first largest logit (a NaN above all), as `torch.argmax`.
-    bfloat16 logits on a CPU are read in place by the native kernel (no float32 copy)."""
-    if native.layer_ops(logits.device, logits.dtype):
+    bfloat16 logits on an AVX-512 CPU are read in place by the native kernel; elsewhere
+    torch's argmax runs on a float32 copy (on bfloat16 it was 2x slower than copy + argmax)."""
+    if native.layer_ops(logits.device, logits.dtype) and native.avx512():
         return torch.ops.batchlens.argmax_rows(logits).tolist()
+    if logits.device.type == "cpu" and logits.dtype != torch.float32:
+        logits = logits.float()
     return logits.argmax(dim=-1).tolist()
 
 
