@@ -1,9 +1,10 @@
 """Token sampling for a whole batch on the logits' device, with per-request parameters.
 
-Greedy rows take one batched argmax (`greedy`, in place on a CPU's bfloat16 logits). Sampled rows apply temperature, top-k and top-p as
-tensor ops over all of them at once, then draw by the exponential race (argmax of
-probs / E with E ~ Exp(1), which picks token i with probability probs[i]). The only
-device->host copy is the final `.tolist()` of the chosen ids.
+Greedy rows take one batched argmax (`greedy`: in place on a CPU's bfloat16 logits).
+Sampled rows apply temperature, top-k and top-p as tensor ops over all of them at once,
+then draw by the exponential race (argmax of probs / E with E ~ Exp(1), which picks token
+i with probability probs[i]). The only device->host copy is the final `.tolist()` of the
+chosen ids.
 
 Reproducibility: each sampled request keeps its own CPU `torch.Generator` (seeded when
 the request gives a seed). For every token it draws one 63-bit number from it (a CPU op,

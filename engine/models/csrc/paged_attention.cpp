@@ -284,8 +284,8 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
     }
     for (int g = 0; g < G; ++g) {
       alignas(64) float o[D];
-      for (int j = 0; j < DV; ++j)
-        _mm512_store_ps(o + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]))));
+      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]));
+      for (int j = 0; j < DV; ++j) _mm512_store_ps(o + 16 * j, _mm512_mul_ps(acc[g][j], inv));
       T* os = out + (s * H + h * G + g) * D;
       for (int64_t d = 0; d < D; ++d) os[d] = static_cast<T>(o[d]);
     }
@@ -338,7 +338,8 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
         float corr;
         if (softmax_tile(_mm512_mul_ps(hsum16(dots), _mm512_set1_ps(scale)), valid, m[g], l[g], p,
                          corr))
-          for (int j = 0; j < 2 * DC; ++j) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
+          for (int j = 0; j < 2 * DC; ++j)
+            acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(corr));
         _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
       }
       for (int64_t t = 0; t < n; t += 2) {
@@ -358,8 +359,8 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
     }
     for (int g = 0; g < G; ++g) {
       alignas(64) float o[2 * DC][16];
-      for (int j = 0; j < 2 * DC; ++j)
-        _mm512_store_ps(o[j], _mm512_mul_ps(acc[g][j], _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]))));
+      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]));
+      for (int j = 0; j < 2 * DC; ++j) _mm512_store_ps(o[j], _mm512_mul_ps(acc[g][j], inv));
       at::BFloat16* os = out + (s * H + h * G + g) * D;
       for (int c = 0; c < DC; ++c)
         for (int lane = 0; lane < 4; ++lane)
