@@ -110,6 +110,23 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
   });
 }
 
+// Calls f(std::integral_constant<int, G>{}) for G = `group` query heads per kv head, G in
+// 1..8 (the compiled instances); false for another G, which runs the portable kernel.
+template <typename F>
+bool with_group(int64_t group, const F& f) {
+  switch (group) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return false;
+  }
+}
+
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -386,28 +403,16 @@ bool decode_avx512_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
                        int64_t KVH, int64_t NB, int64_t BS, int64_t D, int64_t max_blocks,
                        float scale) {
 #define BATCHLENS_ARGS q, q_stride, kc, vc, tables, lens, out, S, H, KVH, NB, BS, max_blocks, scale
-#define BATCHLENS_CASE(G)                                                                   \
-  case G:                                                                                   \
-    if constexpr (std::is_same_v<T, at::BFloat16> && kHasDotBf16) {                         \
-      if (D == 64) return decode_bf16_dp<G, 2>(BATCHLENS_ARGS), true;                       \
-      if (D == 128) return decode_bf16_dp<G, 4>(BATCHLENS_ARGS), true;                      \
-    }                                                                                       \
-    if (D == 64) return decode_avx512<T, G, 4>(BATCHLENS_ARGS), true;                       \
-    if (D == 128) return decode_avx512<T, G, 8>(BATCHLENS_ARGS), true;                      \
+  return with_group(H / KVH, [&](auto group) {
+    constexpr int G = decltype(group)::value;
+    if constexpr (std::is_same_v<T, at::BFloat16> && kHasDotBf16) {
+      if (D == 64) return decode_bf16_dp<G, 2>(BATCHLENS_ARGS), true;
+      if (D == 128) return decode_bf16_dp<G, 4>(BATCHLENS_ARGS), true;
+    }
+    if (D == 64) return decode_avx512<T, G, 4>(BATCHLENS_ARGS), true;
+    if (D == 128) return decode_avx512<T, G, 8>(BATCHLENS_ARGS), true;
     return false;
-  switch (H / KVH) {
-    BATCHLENS_CASE(1)
-    BATCHLENS_CASE(2)
-    BATCHLENS_CASE(3)
-    BATCHLENS_CASE(4)
-    BATCHLENS_CASE(5)
-    BATCHLENS_CASE(6)
-    BATCHLENS_CASE(7)
-    BATCHLENS_CASE(8)
-    default:
-      return false;
-  }
-#undef BATCHLENS_CASE
+  });
 #undef BATCHLENS_ARGS
 }
 #endif
@@ -530,24 +535,12 @@ bool decode_avx2_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
                      int64_t KVH, int64_t NB, int64_t BS, int64_t D, int64_t max_blocks,
                      float scale) {
 #define BATCHLENS_ARGS q, q_stride, kc, vc, tables, lens, out, S, H, KVH, NB, BS, max_blocks, scale
-#define BATCHLENS_CASE(G)                                                  \
-  case G:                                                                  \
-    if (D == 64) return decode_avx2<T, G, 8>(BATCHLENS_ARGS), true;        \
-    if (D == 128) return decode_avx2<T, G, 16>(BATCHLENS_ARGS), true;      \
+  return with_group(H / KVH, [&](auto group) {
+    constexpr int G = decltype(group)::value;
+    if (D == 64) return decode_avx2<T, G, 8>(BATCHLENS_ARGS), true;
+    if (D == 128) return decode_avx2<T, G, 16>(BATCHLENS_ARGS), true;
     return false;
-  switch (H / KVH) {
-    BATCHLENS_CASE(1)
-    BATCHLENS_CASE(2)
-    BATCHLENS_CASE(3)
-    BATCHLENS_CASE(4)
-    BATCHLENS_CASE(5)
-    BATCHLENS_CASE(6)
-    BATCHLENS_CASE(7)
-    BATCHLENS_CASE(8)
-    default:
-      return false;
-  }
-#undef BATCHLENS_CASE
+  });
 #undef BATCHLENS_ARGS
 }
 #endif
