@@ -392,7 +392,9 @@ class RemoteSide(ServingBase):
                 self._start(call)
 
     def _start(self, call: _Call) -> None:
-        call.task = self._loop.create_task(self._serve(call))
+        # kept in the background set until done: a stream still draining after its
+        # [DONE] has left `_calls`, and shutdown must cancel it too
+        call.task = self._spawn(self._serve(call))
         # a task cancelled before its first step never runs `_serve`'s own ending
         call.task.add_done_callback(lambda _t: self._finish(call, "cancelled"))
 
@@ -517,8 +519,8 @@ class RemoteSide(ServingBase):
             calls = list(self._calls.values())
         for call in calls:
             self._cancel_call(call)
-        tasks = [c.task for c in calls if c.task is not None] + list(self._background)
-        for task in self._background:
+        tasks = list(self._background)  # every stream, the state poller, the local worker
+        for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._client.aclose()

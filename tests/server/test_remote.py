@@ -100,6 +100,7 @@ def stand_in(script: Script) -> list[Route]:
     nousage    "a", "b" and finish_reason "length", no usage (llama.cpp's server)
     slow       five chunks 100 ms apart (for batching and one-at-a-time checks)
     stall      the chat role chunk, then nothing for 30 s
+    linger     as good, then the connection held open for 30 s after [DONE]
     cut        one chunk, then the stream ends without a finish reason or [DONE]
     midstream  one chunk, then an `error` event
     garbage    an event that is not JSON
@@ -180,6 +181,11 @@ async def _events(script: Script, request: Request, kind: str, chat: bool, promp
                 yield _event({"id": "x", "choices": [], "usage": USAGE})
         yield "data: [DONE]\n\n"
         finished = True
+        if kind == "linger":
+            for _ in range(300):
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(0.1)
     finally:
         with script.lock:
             script.in_flight -= 1
@@ -444,6 +450,16 @@ def test_shutdown_cancels_everything_and_closes(side_of, script):
     side.shutdown()
     s = side.stats()
     assert (s.num_finished, s.num_running, s.num_waiting) == (2, 0, 0)
+
+
+def test_shutdown_also_ends_a_stream_still_draining_after_its_done(side_of):
+    side = side_of()
+    out = side.submit("linger on").result(timeout=RESULT_S)  # ends at [DONE]; drain goes on
+    assert out.finish_reason == "stop"
+    side.shutdown()
+    # no task left pending on the stopped loop (it would be destroyed pending, and its
+    # drain's read error logged from a finalizer)
+    assert not asyncio.all_tasks(side._loop)
 
 
 def test_request_ids_are_kept_and_must_be_unique_in_flight(side_of):
