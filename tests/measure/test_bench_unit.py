@@ -76,6 +76,9 @@ def test_parse_args_quick_and_only():
     with pytest.raises(SystemExit):
         parse_args(["--requests", "0"])
     assert set(RUNS) == {"hf_batch1", "hf_static", "hf_continuous", "engine", "local"}
+    # ours first, in a process transformers has not run in; its continuous batching last
+    assert list(RUNS)[:2] == ["engine", "local"] and list(RUNS)[-1] == "hf_continuous"
+    assert parse_args([]).only == list(RUNS)
 
 
 def test_others_busy_subtracts_this_process():
