@@ -198,7 +198,8 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.sizes: list[int] = padded_sizes(max_num_seqs) if max_num_seqs else []
         self.padded_decode = False  # decode-only steps through the padded path
-        # bucket the eager path's row counts where oneDNN would keep a kernel per count
+        # bucket the eager path's row counts where oneDNN would keep a kernel per count (not
+        # where the bfloat16 kernel runs every matmul)
         self.bucket_rows = getattr(model, "cpu_onednn_matmuls", False)
         # the CPU kernel attends prefill rows too (each row a query over its own prefix)
         self.paged_prefill = (dev.type == "cpu" and self.decode_kernel is not None

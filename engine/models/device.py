@@ -42,8 +42,9 @@ def pick_dtype(dtype: str, device: torch.device,
         return _guess_cpu_dtype()
     # what the steps run on: our kernels' build, and the ISA torch and oneDNN may use
     kernels = "|".join(os.environ.get(k, "") for k in (
-        "BATCHLENS_NATIVE", "BATCHLENS_NATIVE_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"))
-    machine = (f"{device_name('cpu')}|torch {torch.__version__}|steps v2|kernels {kernels}|"
+        "BATCHLENS_NATIVE", "BATCHLENS_NATIVE_ISA", "BATCHLENS_BF16_KERNEL", "ATEN_CPU_CAPABILITY",
+        "ONEDNN_MAX_CPU_ISA"))
+    machine = (f"{device_name('cpu')}|torch {torch.__version__}|steps v3|kernels {kernels}|"
                f"{folder.resolve()}")
     path = loader.cache_root() / "dtype" / f"{hashlib.sha256(machine.encode()).hexdigest()[:16]}.json"
     try:

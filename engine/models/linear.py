@@ -1,4 +1,5 @@
-"""Linear layers, with weights prepacked for oneDNN where that is faster.
+"""Linear layers: bfloat16 by this project's AVX512_BF16 kernel or oneDNN's packed weights,
+float32 by `F.linear`.
 
 On CPU in bfloat16, oneDNN's blocked weight layout (the one torch.compile's CPU backend
 packs weights into) reads the weights faster than `F.linear` on plain row-major weights:
@@ -6,6 +7,15 @@ measured on the 2-core EPYC, the SmolLM2 matmuls of one decode step take 13.6 ms
 of 18.3, and the packed path stays faster up to 256 rows. Results are bit-identical there.
 float32 keeps plain `F.linear`, whose sums match transformers' to the last bit, for every
 layer but the LM head (`should_pack_lm_head`).
+
+Where the CPU has AVX512_BF16 but no AMX, bfloat16 goes to csrc/bf16_gemm.cpp instead
+(`use_kernel`), whose weights are laid out for one VDPBF16PS per 64-byte load. Against
+oneDNN's packed weights, the SmolLM2 layer matmuls on the 2-core EPYC (`python
+scripts/bf16_matmul_bench.py`, assets/bf16_matmul_bench.txt) took 8.5 ms instead of 15.2 at
+1 row, 13.0 instead of 17.6 at 16, 36.2 instead of 45.0 at 64 and 276 instead of 302 at 512,
+and as long at 1,024. A row's result no longer depends on the other rows of the batch,
+and no memory is kept per row count. With AMX (not measured here) oneDNN's tile
+instructions should be the faster path for prompts, so such CPUs keep oneDNN.
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+from engine.models import native
 
 # oneDNN (bfloat16 matmuls on a CPU) keeps a compiled primitive per matmul shape in two
 # caches, its own and ideep's, 1,024 entries each by default, each entry holding memory that
@@ -31,16 +43,26 @@ class Linear:
     """y = x W^T + b, with W [out, in] as in a checkpoint."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 pack: bool = False) -> None:
+                 pack: bool = False, kernel: bool = False) -> None:
         self.out_features = weight.shape[0]
         self.bias = bias
-        self.packed = pack and _packing_works(weight, bias)
-        if self.packed:
+        # kernel: the weight in csrc/bf16_gemm.cpp's layout [N/32, K/2, 32, 2]
+        self.kernel = kernel and kernel_fits(weight, bias)
+        self.packed = not self.kernel and pack and _packing_works(weight, bias)
+        if self.kernel:
+            self.weight = pack_for_kernel(weight)
+        elif self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         else:
             self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel:
+            rows = x.reshape(-1, x.shape[-1])
+            if rows.stride(-1) != 1 or rows.stride(0) % 2:
+                rows = rows.contiguous()
+            y = torch.ops.batchlens.bf16_linear(rows, self.weight, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -50,6 +72,27 @@ def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Prepack on CPU in bfloat16 when this torch build has oneDNN."""
     return (device.type == "cpu" and dtype == torch.bfloat16
             and torch.backends.mkldnn.is_available())
+
+
+def use_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """bfloat16 on a CPU whose kernels are built with AVX512_BF16 and that has no AMX:
+    csrc/bf16_gemm.cpp runs the matmuls (BATCHLENS_BF16_KERNEL=0 keeps oneDNN, to compare)."""
+    return (device.type == "cpu" and dtype == torch.bfloat16
+            and os.environ.get("BATCHLENS_BF16_KERNEL", "1") != "0"
+            and native.bf16_linear() and not native.has_amx())
+
+
+def pack_for_kernel(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> [N/32, K/2, 32, 2]: one 128-byte row holds a pair of K for 32 outputs."""
+    n, k = weight.shape
+    return weight.view(n // 32, 32, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def kernel_fits(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """The kernel's shapes: bfloat16, outputs a multiple of 32, inputs of 2."""
+    n, k = weight.shape
+    return (weight.dtype == torch.bfloat16 and n % 32 == 0 and k % 2 == 0
+            and (bias is None or (bias.dtype == torch.bfloat16 and bias.is_contiguous())))
 
 
 def should_pack_lm_head(device: torch.device, dtype: torch.dtype) -> bool:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from engine.models import loader, native
 from engine.models.attention import AttentionMetadata, paged_attention, write_kv
-from engine.models.linear import Linear, should_pack, should_pack_lm_head
+from engine.models.linear import Linear, should_pack, should_pack_lm_head, use_kernel
 
 
 @dataclass(frozen=True)
@@ -110,20 +110,16 @@ class LlamaModel:
                 raise loader.ModelLoadError(f"weight {name!r} missing from the checkpoint")
             return state[name].to(device=device, dtype=dtype).contiguous()
 
-        pack = should_pack(device, dtype)
+        pack, kernel = should_pack(device, dtype), use_kernel(device, dtype)
         # CPU bfloat16: residual add + RMSNorm, RoPE + K/V write, SiLU x up fused (csrc/)
         self.fused_ops = native.layer_ops(device, dtype)
         self.embed = w("model.embed_tokens.weight")
         self.norm = w("model.norm.weight")
         head = should_pack_lm_head(device, dtype)
         if spec.tie_word_embeddings or "lm_head.weight" not in state:
-            self.lm_head = Linear(self.embed, pack=head)
+            self.lm_head = Linear(self.embed, pack=head, kernel=kernel)
         else:
-            self.lm_head = Linear(w("lm_head.weight"), pack=head)
-        # reduced-precision matmuls on a CPU run in oneDNN, which keeps memory per row count;
-        # so does a packed float32 LM head
-        self.cpu_onednn_matmuls = device.type == "cpu" and (
-            dtype != torch.float32 or self.lm_head.packed)
+            self.lm_head = Linear(w("lm_head.weight"), pack=head, kernel=kernel)
         self.layers: list[Layer] = []
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
@@ -133,13 +129,21 @@ class LlamaModel:
                 bias = torch.cat([w(f"{att}{x}_proj.bias") for x in "qkv"])
             self.layers.append(Layer(
                 input_norm=w(p + "input_layernorm.weight"),
-                qkv=Linear(torch.cat([w(f"{att}{x}_proj.weight") for x in "qkv"]), bias, pack),
-                o=Linear(w(att + "o_proj.weight"), pack=pack),
+                qkv=Linear(torch.cat([w(f"{att}{x}_proj.weight") for x in "qkv"]), bias, pack,
+                           kernel),
+                o=Linear(w(att + "o_proj.weight"), pack=pack, kernel=kernel),
                 post_norm=w(p + "post_attention_layernorm.weight"),
                 gate_up=Linear(torch.cat([w(mlp + "gate_proj.weight"),
-                                          w(mlp + "up_proj.weight")]), pack=pack),
-                down=Linear(w(mlp + "down_proj.weight"), pack=pack),
+                                          w(mlp + "up_proj.weight")]), pack=pack,
+                                 kernel=kernel),
+                down=Linear(w(mlp + "down_proj.weight"), pack=pack, kernel=kernel),
             ))
+        # a CPU matmul in oneDNN (packed, or float16 / bfloat16 by F.linear) keeps memory per
+        # row count: the runner then pads rows to a few sizes (`engine.runner.row_bucket`)
+        linears = [self.lm_head] + [lin for layer in self.layers
+                                    for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        self.cpu_onednn_matmuls = device.type == "cpu" and any(
+            lin.packed or (dtype != torch.float32 and not lin.kernel) for lin in linears)
         # cos/sin for every position, in float32 as transformers computes them
         pos = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]

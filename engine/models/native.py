@@ -37,7 +37,7 @@ from engine.models import loader
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("paged_attention.cpp", "layer_ops.cpp")]
+           for name in ("paged_attention.cpp", "layer_ops.cpp", "bf16_gemm.cpp")]
 BASE_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}  # BATCHLENS_NATIVE_ISA
 
@@ -113,6 +113,18 @@ def paged_decode(device: torch.device, dtype: torch.dtype) -> PagedDecode | None
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32) or not _build()[0]:
         return None
     return torch.ops.batchlens.paged_decode_attention
+
+
+def bf16_linear() -> bool:
+    """Whether the bfloat16 matmul kernel (csrc/bf16_gemm.cpp,
+    `torch.ops.batchlens.bf16_linear`) is built: the CPU has AVX512_BF16 and the kernels
+    were built with it."""
+    return _build()[0] and bool(torch.ops.batchlens.bf16_linear_supported())
+
+
+def has_amx() -> bool:
+    """The CPU has AMX tiles for bfloat16 (oneDNN's fastest path there)."""
+    return "amx_bf16" in _cpu_flags()
 
 
 def _cpu_flags() -> set[str]:

@@ -5,7 +5,8 @@ sampling.
 
 Every profiled op's own time (without its children) is put in one part by its name:
 
-    matmuls          oneDNN / MKL linear layers (QKV, O, gate/up, down, LM head)
+    matmuls          linear layers (QKV, O, gate/up, down, LM head): the bfloat16 kernel,
+                     oneDNN or MKL
     paged attention  the CPU kernel: decode rows, and prefill rows where it takes them too
     decode attention the torch path's gather, batched matmuls and softmax
     prefill attention SDPA over a prompt chunk (torch path)
@@ -36,7 +37,8 @@ from engine.sequence import Sequence
 
 PARTS = ("matmuls", "paged attention", "decode attention", "prefill attention", "elementwise",
          "sampler", "host")
-MATMUL_OPS = {"mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::_weight_int8pack_mm"}
+MATMUL_OPS = {"mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::_weight_int8pack_mm",
+              "batchlens::bf16_linear"}
 DECODE_OPS = {"aten::bmm", "aten::index_select", "aten::_softmax", "aten::masked_fill_"}
 SAMPLER_SCOPE = "sampler"
 BLOCK_SIZE = 16

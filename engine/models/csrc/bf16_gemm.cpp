@@ -1,0 +1,142 @@
+// y = x W^T + b in bfloat16 on a CPU with AVX512_BF16: every matmul of the model, at any
+// row count, in place of oneDNN's packed weights.
+//
+// At the few rows of a decode step a matmul only has to stream its weights once; oneDNN's
+// packed layout read them at 17-21 GB/s on the 2-core EPYC, where a plain sum reads 35.
+// Here each weight is laid out [N/32][K/2][32][2]: two 64-byte loads hold a pair of K for
+// 32 outputs, and each row's pair of x, broadcast, feeds one VDPBF16PS per load into
+// float32 accumulators, with the weights `kPrefetch` pairs ahead prefetched. Threads split
+// the 32-output blocks; within a block, rows go 12 at a time (24 accumulators of the 32
+// vector registers), the block's weights staying in L2 after the first 12: each weight
+// byte leaves memory once whatever the row count, and from ~16 rows on the tile is bound by
+// its dot products. Two output vectors per tile, not one, halve the broadcasts per dot
+// product (25% faster at 16-64 rows than 16 rows x 1 vector).
+//
+//   x        [M, K] bfloat16, unit column stride (row stride free, even)
+//   w        [N/32, K/2, 32, 2] bfloat16   (`linear.pack_for_kernel` of W [N, K])
+//   bias     [N] or none
+//   returns  [M, N] bfloat16, rounded once from float32 (to nearest even)
+//
+// A row's result does not depend on the other rows or on M: the same sums, in one order.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+#if defined(__AVX512BF16__)
+constexpr bool kSupported = true;
+constexpr int64_t kPrefetch = 64;  // pairs of K ahead (64 x 128 B = 8 KiB)
+constexpr int64_t kTileRows = 12;  // 24 accumulators of the 32 vector registers
+
+// Rows [0, R) of x against one 32-output block wb of the packed weight: 2R accumulators.
+template <int R, bool kFromMemory>
+inline void tile(const uint32_t* x, int64_t x_stride, const at::BFloat16* wb, int64_t kp,
+                 const __m512* init, at::BFloat16* y, int64_t y_stride) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = init[0], acc[r][1] = init[1];
+  for (int64_t k = 0; k < kp; ++k) {
+    const at::BFloat16* wk = wb + k * 64;
+    if (kFromMemory) {
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64 + 32), _MM_HINT_T0);
+    }
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wk + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xr = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * x_stride + k]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 2; ++v)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * y_stride + v * 16),
+                          (__m256i)_mm512_cvtneps_pbh(acc[r][v]));
+}
+
+template <bool kFromMemory>
+void tile_dispatch(int64_t rows, const uint32_t* x, int64_t xs, const at::BFloat16* wb,
+                   int64_t kp, const __m512* init, at::BFloat16* y, int64_t ys) {
+  switch (rows) {
+#define BL_ROWS(R) \
+  case R: tile<R, kFromMemory>(x, xs, wb, kp, init, y, ys); break;
+    BL_ROWS(1) BL_ROWS(2) BL_ROWS(3) BL_ROWS(4) BL_ROWS(5) BL_ROWS(6)
+    BL_ROWS(7) BL_ROWS(8) BL_ROWS(9) BL_ROWS(10) BL_ROWS(11) BL_ROWS(12)
+#undef BL_ROWS
+    default: TORCH_CHECK(false, "bf16_linear: 1-", kTileRows, " rows per tile, got ", rows);
+  }
+}
+
+inline __m512 bias16(const at::BFloat16* b) {  // bfloat16 is the top half of a float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))), 16));
+}
+
+void gemm(const at::BFloat16* x, int64_t x_stride, const at::BFloat16* w,
+          const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t k, int64_t n) {
+  const int64_t kp = k / 2, xs = x_stride / 2;  // in pairs of K
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
+  at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const at::BFloat16* wb = w + b * kp * 64;
+      __m512 init[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+      if (bias != nullptr) init[0] = bias16(bias + b * 32), init[1] = bias16(bias + b * 32 + 16);
+      for (int64_t r = 0; r < m; r += kTileRows) {
+        const int64_t rows = m - r < kTileRows ? m - r : kTileRows;
+        if (r == 0)
+          tile_dispatch<true>(rows, xp, xs, wb, kp, init, y + b * 32, n);
+        else
+          tile_dispatch<false>(rows, xp + r * xs, xs, wb, kp, init, y + r * n + b * 32, n);
+      }
+    }
+  });
+}
+#else
+constexpr bool kSupported = false;
+#endif
+
+bool supported() { return kSupported; }
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
+                          const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(kSupported, "bf16_linear: built without AVX512_BF16");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1
+              && x.stride(0) % 2 == 0, "bf16_linear: x must be [M, K] bfloat16 with unit "
+              "column stride and an even row stride");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 32 && w.size(3) == 2 && w.is_contiguous()
+              && w.scalar_type() == at::kBFloat16, "bf16_linear: w must be packed "
+              "[N/32, K/2, 32, 2] bfloat16");
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * 32;
+  TORCH_CHECK(k == w.size(1) * 2, "bf16_linear: x has K=", k, ", w has K=", w.size(1) * 2);
+  const at::BFloat16* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == n
+                && bias->scalar_type() == at::kBFloat16, "bf16_linear: bias must be [N]");
+    b = bias->data_ptr<at::BFloat16>();
+  }
+  auto y = at::empty({m, n}, x.options());
+#if defined(__AVX512BF16__)
+  if (m > 0) gemm(x.data_ptr<at::BFloat16>(), x.stride(0), w.data_ptr<at::BFloat16>(), b,
+                  y.data_ptr<at::BFloat16>(), m, k, n);
+#endif
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(batchlens, m) {
+  m.def("bf16_linear_supported() -> bool", &supported);
+  m.def("bf16_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
+  m.impl("bf16_linear", &bf16_linear);
+}
