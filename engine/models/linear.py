@@ -9,7 +9,7 @@ float32 keeps plain `F.linear`, whose sums match transformers' to the last bit, 
 layer but the LM head (`should_pack_lm_head`).
 
 Where the CPU has AVX512_BF16 but no AMX, bfloat16 goes to csrc/bf16_gemm.cpp instead
-(`use_kernel`), whose weights are laid out for one VDPBF16PS per 64-byte load. Against
+(`native.bf16_linear`), whose weights are laid out for one VDPBF16PS per 64-byte load. Against
 oneDNN's packed weights, the SmolLM2 layer matmuls on the 2-core EPYC (`python
 scripts/bf16_matmul_bench.py`, assets/bf16_matmul_bench.txt) took 8.5 ms instead of 15.2 at
 1 row, 13.0 instead of 17.6 at 16, 36.2 instead of 45.0 at 64 and 276 instead of 302 at 512,
@@ -24,8 +24,6 @@ import os
 
 import torch
 import torch.nn.functional as F
-
-from engine.models import native
 
 # oneDNN (bfloat16 matmuls on a CPU) keeps a compiled primitive per matmul shape in two
 # caches, its own and ideep's, 1,024 entries each by default, each entry holding memory that
@@ -72,14 +70,6 @@ def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Prepack on CPU in bfloat16 when this torch build has oneDNN."""
     return (device.type == "cpu" and dtype == torch.bfloat16
             and torch.backends.mkldnn.is_available())
-
-
-def use_kernel(device: torch.device, dtype: torch.dtype) -> bool:
-    """bfloat16 on a CPU whose kernels are built with AVX512_BF16 and that has no AMX:
-    csrc/bf16_gemm.cpp runs the matmuls (BATCHLENS_BF16_KERNEL=0 keeps oneDNN, to compare)."""
-    return (device.type == "cpu" and dtype == torch.bfloat16
-            and os.environ.get("BATCHLENS_BF16_KERNEL", "1") != "0"
-            and native.bf16_linear() and not native.has_amx())
 
 
 def pack_for_kernel(weight: torch.Tensor) -> torch.Tensor:

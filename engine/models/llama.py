@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from engine.models import loader, native
 from engine.models.attention import AttentionMetadata, paged_attention, write_kv
-from engine.models.linear import Linear, should_pack, should_pack_lm_head, use_kernel
+from engine.models.linear import Linear, should_pack, should_pack_lm_head
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class LlamaModel:
                 raise loader.ModelLoadError(f"weight {name!r} missing from the checkpoint")
             return state[name].to(device=device, dtype=dtype).contiguous()
 
-        pack, kernel = should_pack(device, dtype), use_kernel(device, dtype)
+        pack, kernel = should_pack(device, dtype), native.bf16_linear(device, dtype)
         # CPU bfloat16: residual add + RMSNorm, RoPE + K/V write, SiLU x up fused (csrc/)
         self.fused_ops = native.layer_ops(device, dtype)
         self.embed = w("model.embed_tokens.weight")

@@ -1,21 +1,21 @@
 """csrc/bf16_gemm.cpp through engine.models.linear: the bfloat16 matmul kernel must give
 F.linear's results at every row count (each tile size and remainder), with and without a
 bias, on strided and 3-d inputs; a row's result must not depend on the rest of the batch;
-and it must be taken exactly where `use_kernel` says (CPU, bfloat16, AVX512_BF16, no AMX).
+and it must be taken exactly where `native.bf16_linear` says (CPU, bfloat16, AVX512_BF16, no AMX).
 
 The kernel tests need a CPU with AVX512_BF16 (the CI machine, the 2-core EPYC, has it);
-elsewhere they skip, and `test_use_kernel_follows_the_cpu` checks the fallback is chosen."""
+elsewhere they skip, and `test_the_kernel_is_used_where_the_cpu_has_it` checks the fallback is chosen."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from engine.models import native
-from engine.models.linear import Linear, kernel_fits, pack_for_kernel, use_kernel
+from engine.models.linear import Linear, kernel_fits, pack_for_kernel
 
 CPU = torch.device("cpu")
 needs_kernel = pytest.mark.skipif(
-    not native.bf16_linear(), reason="this CPU or build has no AVX512_BF16 kernel")
+    not native.bf16_linear_built(), reason="this CPU or build has no AVX512_BF16 kernel")
 
 
 def layer(n: int, k: int, bias: bool, seed: int = 0):
@@ -102,15 +102,20 @@ def test_shapes_the_kernel_cannot_take_fall_back() -> None:
     assert not kernel_fits(torch.zeros(64, 128), None)  # float32
 
 
-def test_use_kernel_follows_the_cpu(monkeypatch) -> None:
-    assert not use_kernel(CPU, torch.float32)
-    assert not use_kernel(torch.device("cuda"), torch.bfloat16)
-    assert use_kernel(CPU, torch.bfloat16) is (native.bf16_linear() and not native.has_amx())
+def test_the_kernel_is_used_where_the_cpu_has_it(monkeypatch) -> None:
+    use = native.bf16_linear
+    assert not use(CPU, torch.float32)
+    assert not use(torch.device("cuda"), torch.bfloat16)
+    assert use(CPU, torch.bfloat16) is (native.bf16_linear_built() and not native.has_amx())
+    assert ("matmuls: the AVX512_BF16 kernel" in native.status(torch.bfloat16)) is use(
+        CPU, torch.bfloat16)
+    assert "matmuls" not in native.status(torch.float32)
     monkeypatch.setenv("BATCHLENS_BF16_KERNEL", "0")
-    assert not use_kernel(CPU, torch.bfloat16)
+    assert not use(CPU, torch.bfloat16)
+    assert "matmuls: oneDNN" in native.status(torch.bfloat16)
     monkeypatch.delenv("BATCHLENS_BF16_KERNEL")
     monkeypatch.setattr(native, "has_amx", lambda: True)
-    assert not use_kernel(CPU, torch.bfloat16)  # oneDNN's AMX tiles serve there
+    assert not use(CPU, torch.bfloat16)  # oneDNN's AMX tiles serve there
 
 
 @needs_kernel
