@@ -106,7 +106,7 @@ constexpr bool kSupported = false;
 bool supported() { return kSupported; }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
-                          const c10::optional<at::Tensor>& bias) {
+                       const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(kSupported, "bf16_linear: built without AVX512_BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1
               && x.stride(0) % 2 == 0, "bf16_linear: x must be [M, K] bfloat16 with unit "
