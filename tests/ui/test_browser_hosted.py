@@ -97,7 +97,10 @@ def test_only_the_admin_can_apply_and_an_oversized_pool_is_refused_in_one_line(h
 
 def test_a_rebuild_during_a_visitors_race_leaves_it_finished_or_told(hosted, browser):
     visitor, admin = open_arena(browser, hosted), open_arena(browser, hosted)
-    set_up_race(visitor, "Name three rivers.", users=4, max_tokens=64)
+    # a story of up to 256 tokens: the datacenter side runs for seconds, long enough for the
+    # 1 s status strip to show it (64 tokens take under a second with the bf16 matmul kernel)
+    set_up_race(visitor, "Write a long story about a lighthouse keeper.", users=4,
+                max_tokens=256)
     click_run(visitor)
     wait_for(lambda: (strip_counts(visitor) or (0, 0, 0))[2] > 0, 60,
              "the race never started", interval=0.1)
