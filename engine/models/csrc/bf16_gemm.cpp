@@ -10,7 +10,7 @@
 // vector registers), the block's weights staying in L2 after the first 12: each weight
 // byte leaves memory once whatever the row count, and from ~16 rows on the tile is bound by
 // its dot products. Two output vectors per tile, not one, halve the broadcasts per dot
-// product (25% faster at 16-64 rows than 16 rows x 1 vector).
+// product (about 25% faster at 16-64 rows than 16 rows x 1 vector, a one-off timing).
 //
 //   x        [M, K] bfloat16, unit column stride (row stride free, even)
 //   w        [N/32, K/2, 32, 2] bfloat16   (`linear.pack_for_kernel` of W [N, K])
