@@ -52,6 +52,7 @@ import httpx
 
 from engine.config import DTYPES, SamplingParams
 from engine.metrics import RequestMetrics, percentile
+from server.connections import async_client
 from workloads.prompts import chat, load_prompts
 
 PROG = "batchlens soak"
@@ -305,9 +306,8 @@ async def _api_worker(client: httpx.AsyncClient, model: str, deadline: float, ta
 async def _api_streams(base: str, model: str, streams: int, deadline: float, tally: Tally,
                        seed: int) -> None:
     words = list(load_prompts().others)
-    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
-    async with httpx.AsyncClient(base_url=base, timeout=REQUEST_TIMEOUT_S,
-                                 limits=limits) as client:
+    async with async_client(base_url=base, timeout=REQUEST_TIMEOUT_S, max_connections=streams,
+                            max_keepalive_connections=streams) as client:
         await asyncio.gather(*(_api_worker(client, model, deadline, tally,
                                            random.Random(seed * 1000 + i), words)
                                for i in range(streams)))

@@ -84,6 +84,7 @@ from engine.config import SamplingParams
 from engine.metrics import RequestMetrics
 from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ALL_STEPS, GIL_SWITCH_INTERVAL_S, ServingBase, ServingStats
+from server.connections import async_client
 from server.remote_metrics import ServerState, StateSample, metrics_url, state_from_response
 from server.stream_client import (
     APIS,
@@ -326,10 +327,9 @@ class RemoteSide(ServingBase):
 
     # ---- the loop thread -------------------------------------------------------------
     async def _setup(self, model: str | None) -> None:
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url + "/", headers=self._headers,
-            timeout=httpx.Timeout(self.timeout),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE))
+        self._client = async_client(base_url=self.base_url + "/", headers=self._headers,
+                                    timeout=self.timeout,
+                                    max_keepalive_connections=MAX_KEEPALIVE)
         try:
             await self._check_models(model)
         except BaseException:

@@ -309,6 +309,10 @@ def transport_failure(exc: httpx.HTTPError, timeout: float) -> str:
         return f"unreachable ({clip(str(causes[-1])) or type(exc).__name__})"
     if isinstance(exc, httpx.RemoteProtocolError):
         return f"the connection broke mid-answer ({clip(str(exc))})"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError):
+        cause = next((c for c in _causes(exc) if isinstance(c, OSError)), None)
+        why = clip(str(exc)) or (type(cause).__name__ if cause else "closed by the server")
+        return f"the connection broke mid-answer ({why})"
     return f"{type(exc).__name__}: {clip(str(exc))}"
 
 

@@ -49,6 +49,7 @@ from engine.config import SamplingParams
 from engine.metrics import RequestMetrics, goodput, percentile, summarize
 from measure.bench.requests import BenchRequest, make_requests, tokenize_corpus
 from server import stream_client
+from server.connections import async_client
 from server.remote_metrics import metrics_url, samples
 from server.stream_client import StreamError, StreamRecord, http_failure, transport_failure
 
@@ -276,7 +277,6 @@ async def run_load_async(
     bodies = [request_body(model, r, endpoint, ignore_eos, temperature) for r in requests]
     delays = arrival_times(len(requests), rate, burstiness, seed)
     pool = max(1, min(max_concurrency or len(requests), len(requests)))
-    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     scrape = (lambda: scrape_server_metrics(root, api_key)) if server_metrics else None
 
@@ -289,8 +289,8 @@ async def run_load_async(
             on_result(res)
         return res
 
-    async with httpx.AsyncClient(timeout=timeout, limits=limits,
-                                 headers=headers(api_key)) as client:
+    async with async_client(timeout=timeout, max_connections=pool,
+                            max_keepalive_connections=pool, headers=headers(api_key)) as client:
         if warmup and requests:
             body = request_body(model, WARMUP, endpoint, ignore_eos, temperature)
             test = await stream_request(client, url, body, timeout=timeout,
