@@ -38,8 +38,6 @@ import json
 import math
 import os
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,6 +50,7 @@ import httpx
 
 from engine.config import DTYPES, SamplingParams
 from engine.metrics import RequestMetrics, percentile
+from server.child import child_server, free_port, serve_command
 from server.connections import async_client
 from workloads.prompts import chat, load_prompts
 
@@ -100,12 +99,6 @@ class Tally:
 
 
 # ---- the server -----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def rss_mb(pid: int) -> float:
     """Resident memory of process `pid` in MiB (Linux /proc; psutil elsewhere)."""
     try:
@@ -117,36 +110,6 @@ def rss_mb(pid: int) -> float:
     import psutil
 
     return psutil.Process(pid).memory_info().rss / 2**20
-
-
-def start_server(port: int, dtype: str, log: Path) -> subprocess.Popen:
-    """`batchlens serve` on 127.0.0.1:`port` in a child process, healthy (else
-    RuntimeError pointing at its log)."""
-    cmd = [sys.executable, "-m", "batchlens.cli", "serve", "--host", HOST, "--port",
-           str(port), "--dtype", dtype, "--log-level", "warning"]
-    env = {k: v for k, v in os.environ.items() if k != "BATCHLENS_API_KEY"}
-    with log.open("w") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            if httpx.get(f"http://{HOST}:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_server(proc)
-            raise RuntimeError(f"batchlens serve did not become healthy; see {log}")
-        time.sleep(0.5)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def wait_quiet(base: str, timeout: float = QUIET_TIMEOUT_S) -> dict[str, Any]:
@@ -328,10 +291,12 @@ def soak(minutes: float, users: int = 8, streams: int = 6, dtype: str = "auto",
     log = log or Path(tempfile.gettempdir()) / "batchlens-soak-server.log"
     port = free_port()
     base = f"http://{HOST}:{port}"
-    proc = start_server(port, dtype, log)
     tally = Tally()
     rss: list[tuple[float, float]] = []
-    try:
+    cmd = serve_command(port, "--dtype", dtype, "--log-level", "warning", host=HOST)
+    env = {k: v for k, v in os.environ.items() if k != "BATCHLENS_API_KEY"}
+    with child_server(cmd, base + "/health", log=log, timeout=START_TIMEOUT_S,
+                      env=env) as proc:
         model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
         httpx.post(base + "/v1/completions", timeout=REQUEST_TIMEOUT_S,
                    json={"model": model, "prompt": "Hello", "max_tokens": 4})  # warm-up
@@ -362,8 +327,6 @@ def soak(minutes: float, users: int = 8, streams: int = 6, dtype: str = "auto",
         health = wait_quiet(base)
         rss_end = rss_mb(proc.pid)
         rss.append((time.monotonic() - t0, rss_end))
-    finally:
-        stop_server(proc)
     rss_warm = rss_warm or rss[0][1]
     return {
         "minutes": minutes, "duration_s": round(wall, 1), "users_per_race": users,

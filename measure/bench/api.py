@@ -19,31 +19,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
-
-import httpx
 
 from engine import Engine, EngineConfig, LoadedModel, SamplingParams, summarize
 from measure.bench.report import format_table
 from measure.bench.requests import BenchRequest, make_requests, tokenize_corpus
 from measure.bench.runs import RunResult
 from measure.bench.serve import from_bench, run_load
+from server.child import child_server, free_port, health_url, serve_command
 
 PROG = "batchlens bench api"
 HEALTH_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 900.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_in_process(loaded: LoadedModel, reqs: list[BenchRequest], config: EngineConfig,
@@ -58,45 +48,25 @@ def run_in_process(loaded: LoadedModel, reqs: list[BenchRequest], config: Engine
     return RunResult("in_process", summarize([o.metrics for o in outs], wall_time=end - t0))
 
 
-def serve(port: int, config: EngineConfig, dtype: str, log: Path) -> subprocess.Popen:
-    """`batchlens serve` in a child process with the engine settings; waits for /health."""
-    cmd = [sys.executable, "-m", "batchlens.cli", "serve", "--port", str(port),
-           "--dtype", dtype, "--max-num-seqs", str(config.max_num_seqs),
-           "--max-num-batched-tokens", str(config.max_num_batched_tokens),
-           "--block-size", str(config.block_size)]
-    out = log.open("w")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"batchlens serve did not become healthy; see {log}")
-        time.sleep(0.5)
+def serve_flags(config: EngineConfig, dtype: str) -> list[str]:
+    """`batchlens serve` flags for the same engine settings."""
+    return ["--dtype", dtype, "--max-num-seqs", str(config.max_num_seqs),
+            "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+            "--block-size", str(config.block_size)]
 
 
 def run_api(reqs: list[BenchRequest], config: EngineConfig, dtype: str, model: str,
             log: Path) -> RunResult:
     """The same requests from concurrent streaming clients over the API."""
     port = free_port()
-    proc = serve(port, config, dtype, log)
-    try:
+    with child_server(serve_command(port, *serve_flags(config, dtype)), health_url(port),
+                      log=log, timeout=HEALTH_TIMEOUT_S):
         cpu0 = time.process_time()
         load = run_load(f"http://127.0.0.1:{port}", model, from_bench(reqs),
                         ignore_eos=True, timeout=REQUEST_TIMEOUT_S)
         cpu = time.process_time() - cpu0
         print(f"clients: {cpu:.2f} s of CPU in {load.duration:.1f} s "
               f"({cpu / load.duration:.0%} of a core)", file=sys.stderr, flush=True)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     if failed := [r.error for r in load.results if not r.ok]:
         raise RuntimeError(f"{len(failed)} of {len(reqs)} requests failed: {failed[0]}")
     return RunResult("api", summarize([r.metrics() for r in load.results],

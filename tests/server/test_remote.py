@@ -17,9 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
 from http_server import serving
 from polling import wait_for
@@ -37,6 +33,7 @@ from starlette.routing import Route
 
 from engine import Engine, SamplingParams
 from measure.bench.serve import LoadRequest, run_load
+from server.child import child_server, free_port, health_url, serve_command
 from server.remote import PLACEHOLDER_TOKEN, STATE_POLL_S, RemoteError, RemoteSide
 from server.routes import api_routes
 from workloads.prompts import chat
@@ -217,12 +214,6 @@ def side_of(stub_url, script):
     yield make
     for side in sides:
         side.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def quiet(engine: Engine) -> bool:
@@ -634,34 +625,11 @@ def serve_process(*flags: str, key: str | None = None) -> Iterator[str]:
     """`batchlens serve` as its own process on a free 127.0.0.1 port; the /v1 base URL."""
     port = free_port()
     env = dict(os.environ, BATCHLENS_API_KEY=key or "")
-    cmd = [sys.executable, "-m", "batchlens.cli", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning", *flags]
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, text=True)
-        try:
-            end = time.monotonic() + MODEL_RESULT_S
-            while not _healthy(url):
-                if proc.poll() is not None:
-                    log.seek(0)
-                    pytest.fail(f"batchlens serve exited: {log.read()[-2000:]}")
-                assert time.monotonic() < end, "batchlens serve did not start"
-                time.sleep(0.2)
-            yield url + "/v1"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    cmd = serve_command(port, "--log-level", "warning", *flags)
+    with tempfile.TemporaryDirectory() as tmp, child_server(
+            cmd, health_url(port), log=Path(tmp) / "serve.log", timeout=MODEL_RESULT_S,
+            env=env, cwd=ROOT):
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.mark.model

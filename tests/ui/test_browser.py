@@ -19,17 +19,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from polling import wait_for
 
+from server.child import child_server, free_port
 from ui.job_slot import SLOW_REFRESH_S
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
@@ -40,47 +38,20 @@ FREED_WITHIN_S = 2.0  # Stop or a closed tab: every block of the race free by th
 STRIP = re.compile(r"running: (\d+) · waiting: (\d+) · yours: (\d+)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def streamlit_server(folder: Path, args: tuple[str, ...] = (),
                      env: dict[str, str] | None = None) -> Iterator[str]:
     """`streamlit run app.py` on a free localhost port, its log in `folder`; yields its URL.
     `args` and `env` add Streamlit options and environment variables."""
     port = free_port()
-    log = (folder / "server.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.fileWatcherType", "none", "--server.port", str(port), *args],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("BATCHLENS_BROWSER_THREADS", "1"),
-             **(env or {})},
-    )
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+           "--server.fileWatcherType", "none", "--server.port", str(port), *args]
+    threads = os.environ.get("BATCHLENS_BROWSER_THREADS", "1")
     url = f"http://localhost:{port}"
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"streamlit exited: see {log.name}"
-            assert time.monotonic() < deadline, "streamlit did not become healthy"
-            time.sleep(0.5)
+    with child_server(cmd, f"{url}/_stcore/health", log=folder / "server.log", timeout=120,
+                      env={**os.environ, "OMP_NUM_THREADS": threads, **(env or {})},
+                      cwd=ROOT):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="module")
