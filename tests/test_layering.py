@@ -1,4 +1,5 @@
-"""Import arrows run one way: pages -> ui -> workloads / measure / server -> engine -> models.
+"""Import arrows run one way: pages -> ui -> measure -> workloads / server -> engine ->
+models, and no modules import each other in a circle.
 
 The modules are parsed, not imported, so every import is seen (inside functions and
 `if TYPE_CHECKING:` blocks too) and nothing heavy loads.
@@ -17,8 +18,8 @@ MAX_ENGINE_MODULES = 16
 FORBIDDEN = {
     "engine": {"workloads", "measure", "ui", "pages", "server", "batchlens", "streamlit"},
     "measure": {"ui", "pages", "streamlit"},
-    "workloads": {"ui", "pages", "streamlit"},
-    "server": {"ui", "pages", "streamlit", "workloads"},
+    "workloads": {"ui", "pages", "streamlit", "measure"},
+    "server": {"ui", "pages", "streamlit", "workloads", "measure"},
     "ui": {"pages"},
 }
 
@@ -90,3 +91,76 @@ def test_engine_holds_the_serving_core_only() -> None:
     assert len(found) <= MAX_ENGINE_MODULES, (
         f"engine/ has {len(found)} modules (at most {MAX_ENGINE_MODULES}, models/ aside): "
         + ", ".join(found))
+
+
+# ---- no cycles between modules ---------------------------------------------------------
+PACKAGES = ("engine", "measure", "workloads", "server", "ui", "batchlens", "pages")
+
+
+def module_graph() -> dict[str, set[str]]:
+    """First-party module -> the first-party modules it imports (a package's `__init__` is
+    the package's own name; `from pkg import mod` points at the module `pkg.mod`)."""
+    files = {m.removesuffix(".__init__"): p for pkg in PACKAGES for p, m in modules(pkg)}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        dotted = module + (".__init__" if path.name == "__init__.py" else "")
+        edges = graph.setdefault(module, set())
+        for node in ast.walk(_parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                package = dotted.split(".")[:-1]
+                base = package[: len(package) - node.level + 1] if node.level else []
+                name = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{name}.{a.name}" if f"{name}.{a.name}" in files else name
+                           for a in node.names]
+            else:
+                continue
+            edges.update(t for t in targets if t in files and t != module)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    gc.collect()  # see `_parse`
+    found = cycles(module_graph())
+    assert not found, "import cycles:\n  " + "\n  ".join(" <-> ".join(c) for c in found)

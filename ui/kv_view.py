@@ -28,12 +28,11 @@ from ui import kv_charts, kv_frames, method, presenter, shared
 from ui.charts import template
 from ui.job_slot import SLOW_REFRESH_S, JobSlot
 from workloads.scenario_job import ScenarioJob, scenario_config
-from workloads.scenarios import get
+from workloads.scenarios import KV_SCENARIOS, get
 
 SLOT: JobSlot[ScenarioJob] = JobSlot("kv_job", idle_refresh_s=SLOW_REFRESH_S)
 KEY_RUNS = "kv_runs"
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-KV_SCENARIOS = ("shared_prefix", "small_pool", "many_short")  # the scenarios this page plays
 MAX_RUNS = 10
 
 

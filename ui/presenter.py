@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workloads import scenarios
-
 KEY = "presenter"
 QUERY = "presenter"
 ON_VALUES = ("1", "true", "on", "yes")
@@ -80,29 +78,3 @@ def _follow_url() -> None:
 def apply_style() -> None:
     """Enlarge text and metrics (call on every run while the mode is on)."""
     st.html(CSS)
-
-
-def scenario_bar() -> None:
-    """In presenter mode, one button per scripted scenario, disabled while a race runs.
-    The KV cache page's scenarios open that page, which plays them; "edit a paragraph"
-    compares speculative decoding off and on below the buttons; the others start a race
-    here."""
-    if not is_on():
-        return
-    from ui import arena, kv_view, spec_view  # they read this module's keys: no cycle
-
-    st.caption("Scripted scenarios: fixed prompts, greedy decoding, the same text every run.")
-    disabled = arena.SLOT.running() or spec_view.SLOT.running()
-    for col, key in zip(st.columns(len(SCENARIOS)), SCENARIOS, strict=True):
-        sc = scenarios.get(key)
-        if col.button(sc.title, key=f"scenario-{key}", disabled=disabled, width="stretch",
-                      help=sc.shows, type="primary" if key == "many_users" else "secondary"):
-            if key in kv_view.KV_SCENARIOS:
-                st.session_state[KEY_KV_START] = key
-                st.switch_page("pages/kv_cache.py")
-            elif key == spec_view.SCENARIO:  # speculation off and on, under the buttons
-                spec_view.start()
-                st.rerun()
-            else:
-                arena.start_scenario(key)
-                st.rerun()

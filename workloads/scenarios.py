@@ -171,6 +171,9 @@ SCENARIOS: dict[str, Scenario] = {s.key: s for s in (
 )}
 
 
+KV_SCENARIOS = ("shared_prefix", "small_pool", "many_short")  # the KV cache page plays these
+
+
 def get(key: str) -> Scenario:
     if key not in SCENARIOS:
         raise ValueError(f"scenario: unknown {key!r} (known: {', '.join(SCENARIOS)})")

@@ -45,7 +45,7 @@ from engine.metrics import RequestMetrics, RunSummary, goodput, summarize
 from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ServingSide
-from measure.cpu_load import cpu_sample, others_busy
+from workloads.cpu_load import cpu_sample, others_busy
 from workloads.job import CANCEL_GRACE_S, BackgroundJob, engine_changed
 from workloads.prompts import chat, varied_prompts
 from workloads.sides import LABELS, SIDES, check_order, prompts_for_sides

@@ -22,7 +22,7 @@ from measure.bench.report import device_of, report, report_saved, roofline_floor
 from measure.bench.requests import make_requests, tokenize_corpus
 from measure.bench.runs import RUNS, BenchContext, RunResult
 from measure.calibrate import best_of, calibrate
-from measure.cpu_load import cpu_sample, others_busy
+from workloads.cpu_load import cpu_sample, others_busy
 
 PROG = "python -m measure.bench"
 

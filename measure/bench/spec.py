@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from engine.models.loaded import LoadedModel
-from measure.cpu_load import cpu_sample, others_busy
+from workloads.cpu_load import cpu_sample, others_busy
 from workloads.speculation import SCENARIO, SpecRun, run_edit, speedup
 
 PROG = "batchlens bench spec"

@@ -8,7 +8,7 @@ from measure.bench.cli import parse_args
 from measure.bench.report import format_table, ratios, report, report_saved, save_json
 from measure.bench.requests import make_requests
 from measure.bench.runs import RUNS, RunResult, step_breakdown
-from measure.cpu_load import others_busy
+from workloads.cpu_load import others_busy
 
 CORPUS = list(range(100, 400))
 
