@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, RequestMetrics, RequestOutput, SamplingParams
+from engine.core import StepStats
 from engine.kv_cache import KVCacheStats
 from engine.serving import ALL_STEPS, ServingStats
 from server.metrics import (
@@ -26,6 +27,8 @@ from server.metrics import (
 
 P = "batchlens:"
 MODEL = "stand-in/model"
+MAX_MODEL_LEN = 2048
+MAX_BATCHED = 512
 
 
 def serving_stats(running: int = 0, waiting: int = 0, used_blocks: int = 0,
@@ -42,12 +45,19 @@ def serving_stats(running: int = 0, waiting: int = 0, used_blocks: int = 0,
 
 class StandInEngine:
     """A stand-in for `Engine`: `stats()` returns the `ServingStats` a test sets,
-    `finish(output)` calls the finish listeners as the engine thread would."""
+    `finish(output)` and `step(stats)` call the finish and step listeners as the engine
+    thread would."""
 
-    def __init__(self, name: str = MODEL, stats: ServingStats | None = None) -> None:
+    def __init__(self, name: str = MODEL, stats: ServingStats | None = None,
+                 max_model_len: int = MAX_MODEL_LEN,
+                 max_num_batched_tokens: int = MAX_BATCHED) -> None:
         self.loaded = SimpleNamespace(name=name)
+        self.max_model_len = max_model_len
+        self.config = SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens,
+                                      enable_prefix_caching=True)
         self.current = stats or serving_stats()
         self.listeners: list = []
+        self.step_listeners: list = []
         self.stats_calls: list = []
 
     def stats(self, steps_after: float | None = ALL_STEPS) -> ServingStats:
@@ -61,6 +71,14 @@ class StandInEngine:
         for out in outputs:
             for listener in self.listeners:
                 listener(out)
+
+    def add_step_listener(self, listener) -> None:
+        self.step_listeners.append(listener)
+
+    def step(self, *steps: StepStats) -> None:
+        for step in steps:
+            for listener in self.step_listeners:
+                listener(step)
 
 
 def output(reason: str = "stop", prompt: int = 10, tokens: int = 4, arrival: float = 100.0,
