@@ -271,17 +271,24 @@ class _EngineGauges(Collector):
                 by_reason.add_metric([name, reason],
                                      stats.num_waiting if reason == "capacity" else 0)
             usage.add_metric([name], stats.kv.usage if stats.kv is not None else 0.0)
-            if stats.kv is not None:
-                info.add_metric([name, *self._cache_info(engine, stats)], 1)
+            cache_info = self._cache_info(engine, stats)
+            if cache_info is not None:
+                info.add_metric([name, *cache_info], 1)
         yield from (running, waiting, by_reason, usage, info)
 
     @staticmethod
-    def _cache_info(engine: Engine, stats: ServingStats) -> tuple[str, ...]:
-        """The `CACHE_INFO_LABELS` values, as vLLM writes them (`str()` of each)."""
+    def _cache_info(engine: Engine, stats: ServingStats) -> tuple[str, ...] | None:
+        """The `CACHE_INFO_LABELS` values, as vLLM writes them (`str()` of each); None
+        where the engine has no cache config to read (the other gauges still report)."""
         kv = stats.kv
-        assert kv is not None
-        return (str(kv.block_size), stats.dtype, str(engine.config.enable_prefix_caching),
-                str(kv.num_blocks))
+        if kv is None:
+            return None
+        try:
+            return (str(kv.block_size), stats.dtype, str(engine.config.enable_prefix_caching),
+                    str(kv.num_blocks))
+        except AttributeError:  # a stand-in engine with only the counts
+            log.debug("metrics: no cache config to read", exc_info=True)
+            return None
 
 
 class ServerMetrics:
