@@ -79,6 +79,7 @@ class Engine(ServingBase):
         self._inbox: list[Request] = []
         self._state_lock = threading.Lock()
         self._finish_listeners: list[Callable[[RequestOutput], None]] = []
+        self._step_listeners: list[Callable[[StepStats], None]] = []
         self._start_loop(self._run_loop, LOOP_THREAD)
 
     # ---- set-up --------------------------------------------------------------------
@@ -148,6 +149,12 @@ class Engine(ServingBase):
         """Call `listener(output)` for every request that ends from now on, whatever its
         source (a browser, the API, a workload). It runs on the engine thread: keep it cheap."""
         self._finish_listeners.append(listener)
+
+    def add_step_listener(self, listener: Callable[[StepStats], None]) -> None:
+        """Call `listener(step)` with the `StepStats` of every step the loop runs from now
+        on (a step whose model call failed records none). It runs on the engine thread:
+        keep it cheap."""
+        self._step_listeners.append(listener)
 
     def kv_snapshot(self) -> tuple[list[BlockInfo], KVCacheStats]:
         """Every block's state plus the stats at the same moment."""
@@ -268,8 +275,20 @@ class Engine(ServingBase):
                 continue
             out = core.execute(batch)
             with self._state_lock:
+                num_steps = core.num_steps
                 updates = core.update(batch, out)
+                step = core.steps[-1] if core.num_steps > num_steps else None
             self._stream(updates)
+            if step is not None:
+                self._tell_step(step)
+
+    def _tell_step(self, step: StepStats) -> None:
+        """Hand one step's stats to the step listeners."""
+        for listener in self._step_listeners:
+            try:
+                listener(step)
+            except Exception:  # a broken listener must not stop the engine
+                traceback.print_exc()
 
     def _stream(self, updates: Iterable[RequestUpdate]) -> None:
         """Hand each update to its request's streaming handle; tell the listeners of each

@@ -35,6 +35,7 @@ class RequestOutput:
     num_drafts: int = 0  # speculative decoding: steps that verified drafts
     num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0  # drafts accepted
+    max_tokens: int | None = None  # the request's `SamplingParams.max_tokens`
 
     @property
     def ttft(self) -> float | None:
@@ -169,4 +170,5 @@ def make_output(
         num_drafts=seq.num_drafts,
         num_draft_tokens=seq.num_draft_tokens,
         num_accepted_tokens=seq.num_accepted_tokens,
+        max_tokens=seq.params.max_tokens,
     )

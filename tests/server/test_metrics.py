@@ -9,12 +9,15 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import httpx
 import pytest
+from http_server import serving
 from polling import wait_for
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, RequestMetrics, RequestOutput, SamplingParams
+from engine.core import StepStats
 from engine.kv_cache import KVCacheStats
 from engine.serving import ALL_STEPS, ServingStats
 from server.metrics import (
@@ -22,10 +25,15 @@ from server.metrics import (
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     ServerMetrics,
+    build_1_2_5_buckets,
+    iteration_tokens_buckets,
 )
+from server.routes import api_routes
 
 P = "batchlens:"
 MODEL = "stand-in/model"
+MAX_MODEL_LEN = 2048
+MAX_BATCHED = 512
 
 
 def serving_stats(running: int = 0, waiting: int = 0, used_blocks: int = 0,
@@ -42,12 +50,19 @@ def serving_stats(running: int = 0, waiting: int = 0, used_blocks: int = 0,
 
 class StandInEngine:
     """A stand-in for `Engine`: `stats()` returns the `ServingStats` a test sets,
-    `finish(output)` calls the finish listeners as the engine thread would."""
+    `finish(output)` and `step(stats)` call the finish and step listeners as the engine
+    thread would."""
 
-    def __init__(self, name: str = MODEL, stats: ServingStats | None = None) -> None:
+    def __init__(self, name: str = MODEL, stats: ServingStats | None = None,
+                 max_model_len: int = MAX_MODEL_LEN,
+                 max_num_batched_tokens: int = MAX_BATCHED) -> None:
         self.loaded = SimpleNamespace(name=name)
+        self.max_model_len = max_model_len
+        self.config = SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens,
+                                      enable_prefix_caching=True)
         self.current = stats or serving_stats()
         self.listeners: list = []
+        self.step_listeners: list = []
         self.stats_calls: list = []
 
     def stats(self, steps_after: float | None = ALL_STEPS) -> ServingStats:
@@ -62,10 +77,18 @@ class StandInEngine:
             for listener in self.listeners:
                 listener(out)
 
+    def add_step_listener(self, listener) -> None:
+        self.step_listeners.append(listener)
+
+    def step(self, *steps: StepStats) -> None:
+        for step in steps:
+            for listener in self.step_listeners:
+                listener(step)
+
 
 def output(reason: str = "stop", prompt: int = 10, tokens: int = 4, arrival: float = 100.0,
            queue: float | None = 0.5, ttft: float = 1.0, gap: float = 0.05, cached: int = 0,
-           preemptions: int = 0) -> RequestOutput:
+           preemptions: int = 0, max_tokens: int | None = 16) -> RequestOutput:
     """A finished request: `tokens` tokens, the first `ttft` s after arrival, then one
     every `gap` s; scheduled `queue` s after arrival (None: never scheduled)."""
     times = [arrival + ttft + i * gap for i in range(tokens)]
@@ -75,7 +98,8 @@ def output(reason: str = "stop", prompt: int = 10, tokens: int = 4, arrival: flo
                        finish_time=(times[-1] if times else arrival + ttft) + 0.001)
     return RequestOutput(request_id=f"r{id(m)}", prompt_token_ids=list(range(prompt)),
                          token_ids=list(range(tokens)), text="x" * tokens, finish_reason=reason,
-                         metrics=m, num_cached_tokens=cached, num_preemptions=preemptions)
+                         metrics=m, num_cached_tokens=cached, num_preemptions=preemptions,
+                         max_tokens=max_tokens)
 
 
 def scrape(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
@@ -214,6 +238,125 @@ def test_histograms_use_vllms_bucket_lists(metrics):
             REQUEST_LATENCY_BUCKETS[-1]) == (21, 0.3, 7680.0)
 
 
+# vLLM's lists, written out: what a vLLM dashboard's bucket boundaries expect
+VLLM_LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+VLLM_ITL = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+            7.5, 10.0, 20.0, 40.0, 80.0]
+LENGTHS_2048 = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]  # 1-2-5 up to max_model_len
+
+
+def step_stats(prefill: int = 0, decode: int = 0, accepted: int = 0) -> StepStats:
+    return StepStats(start=0.0, duration=0.01, num_seqs=1, num_prefill_tokens=prefill,
+                     num_decode_tokens=decode, num_preempted=0, kv_usage=0.0,
+                     kv_used_slots=0, kv_reserved_slots=0, num_accepted_tokens=accepted)
+
+
+def test_vllms_bucket_builders():
+    assert build_1_2_5_buckets(100) == (1, 2, 5, 10, 20, 50, 100)
+    assert build_1_2_5_buckets(8192) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000,
+                                         5000)
+    full = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    assert iteration_tokens_buckets(512) == full[:8]  # ends at the step budget
+    assert iteration_tokens_buckets(600) == full[:9]  # the first bound that holds it
+    assert iteration_tokens_buckets(10**6) == full
+    assert iteration_tokens_buckets(1) == (1,)
+
+
+def test_the_new_histograms_use_vllms_buckets_sized_by_the_engine(metrics):
+    s = scrape(metrics)
+    for name in ("request_inference_time_seconds", "request_prefill_time_seconds",
+                 "request_decode_time_seconds"):
+        assert buckets(s, name) == VLLM_LATENCY
+    assert buckets(s, "request_time_per_output_token_seconds") == VLLM_ITL
+    for name in ("request_prompt_tokens", "request_generation_tokens",
+                 "request_max_num_generation_tokens", "request_params_max_tokens",
+                 "request_prefill_kv_computed_tokens"):
+        assert buckets(s, name) == LENGTHS_2048
+    assert buckets(s, "request_params_n") == [1, 2, 5, 10, 20]
+    assert buckets(s, "iteration_tokens_total") == [1, 8, 16, 32, 64, 128, 256, 512]
+
+
+def test_request_shape_histograms_count_every_request_that_ends(engine, metrics):
+    outs = [output(prompt=10, tokens=4, max_tokens=4),
+            output("length", prompt=300, tokens=16, max_tokens=16),
+            output("cancelled", prompt=7, tokens=0, queue=None, max_tokens=64)]
+    engine.finish(*outs)
+    s = scrape(metrics)
+    for name, sizes in (("request_prompt_tokens", [10, 300, 7]),
+                        ("request_generation_tokens", [4, 16, 0]),
+                        ("request_max_num_generation_tokens", [4, 16, 0]),
+                        ("request_params_max_tokens", [4, 16, 64]),
+                        ("request_params_n", [1, 1, 1])):
+        assert (value(s, name + "_count"), value(s, name + "_sum")) == (3, sum(sizes)), name
+    assert value(s, "request_prompt_tokens_bucket", le="10.0") == 2
+    assert value(s, "request_prompt_tokens_bucket", le="200.0") == 2
+    assert value(s, "request_prompt_tokens_bucket", le="500.0") == 3
+    assert value(s, "request_params_n_bucket", le="1.0") == 3
+
+
+def test_prompt_tokens_split_by_source_and_kv_computed(engine, metrics):
+    engine.finish(output(prompt=40, cached=32), output(prompt=10, cached=0),
+                  output(prompt=12, cached=48),  # readmitted: the hit is capped
+                  output("cancelled", prompt=30, tokens=0, queue=None))
+    s = scrape(metrics)
+    assert value(s, "prompt_tokens_cached_total") == 32 + 12
+    assert value(s, "prompt_tokens_by_source_total", source="local_cache_hit") == 44
+    assert value(s, "prompt_tokens_by_source_total", source="local_compute") == 8 + 10
+    assert value(s, "prompt_tokens_by_source_total", source="external_kv_transfer") == 0
+    assert sum(value(s, "prompt_tokens_by_source_total", source=src) for src in
+               ("local_compute", "local_cache_hit")) == value(s, "prompt_tokens_total")
+    assert value(s, "request_prefill_kv_computed_tokens_count") == 3  # scheduled ones
+    assert value(s, "request_prefill_kv_computed_tokens_sum") == 18
+
+
+def test_latency_split_prefill_decode_inference_and_tpot(engine, metrics):
+    a = output(tokens=5, arrival=100.0, queue=0.5, ttft=2.0, gap=0.25)  # scheduled 100.5
+    one = output(tokens=1, arrival=50.0, queue=1.0, ttft=1.5)  # no TPOT: a single token
+    waiting = output("cancelled", tokens=0, queue=None)
+    engine.finish(a, one, waiting)
+    s = scrape(metrics)
+    # a: prefill 102.0 - 100.5, decode 103.0 - 102.0, inference 103.0 - 100.5; one: 0.5, 0, 0.5
+    assert value(s, "request_prefill_time_seconds_count") == 2
+    assert value(s, "request_prefill_time_seconds_sum") == pytest.approx(1.5 + 0.5)
+    assert value(s, "request_decode_time_seconds_count") == 2
+    assert value(s, "request_decode_time_seconds_sum") == pytest.approx(1.0)
+    assert value(s, "request_inference_time_seconds_count") == 2
+    assert value(s, "request_inference_time_seconds_sum") == pytest.approx(2.5 + 0.5)
+    assert value(s, "request_time_per_output_token_seconds_count") == 1
+    assert value(s, "request_time_per_output_token_seconds_sum") == pytest.approx(0.25)
+    assert value(s, "request_time_per_output_token_seconds_bucket", le="0.2") == 0
+    assert value(s, "request_time_per_output_token_seconds_bucket", le="0.3") == 1
+
+
+def test_iteration_tokens_count_each_step_of_each_watched_engine(engine, metrics):
+    engine.step(step_stats(prefill=300), step_stats(prefill=20, decode=3),
+                step_stats(decode=4, accepted=5))  # a verification generates its drafts
+    other = StandInEngine(max_model_len=99_999, max_num_batched_tokens=99_999)
+    metrics.watch(other)
+    other.step(step_stats(decode=1))
+    s = scrape(metrics)
+    assert value(s, "iteration_tokens_total_count") == 4
+    assert value(s, "iteration_tokens_total_sum") == 300 + 23 + 9 + 1
+    assert value(s, "iteration_tokens_total_bucket", le="8.0") == 1
+    assert value(s, "iteration_tokens_total_bucket", le="256.0") == 3
+    assert value(s, "iteration_tokens_total_bucket", le="512.0") == 4
+    # the first engine sized the buckets; a series keeps them for life
+    assert buckets(s, "iteration_tokens_total")[-1] == 512
+    assert buckets(s, "request_prompt_tokens") == LENGTHS_2048
+
+
+def test_waiting_by_reason_and_cache_config_info_read_the_current_engine(engine, metrics):
+    s = scrape(metrics)
+    assert value(s, "num_requests_waiting_by_reason", reason="capacity") == 5
+    assert value(s, "num_requests_waiting_by_reason", reason="deferred") == 0
+    info = {k: v for k, v in s.items() if k[0] == P + "cache_config_info"}
+    assert list(info.values()) == [1]
+    assert dict(next(iter(info))[1]) == {
+        "model_name": MODEL, "block_size": "16", "cache_dtype": "float32",
+        "enable_prefix_caching": "True", "num_gpu_blocks": "64"}
+
+
 def test_totals_survive_a_rebuild_and_an_engine_is_counted_once(engine, metrics):
     metrics.watch(engine)  # watched twice: still one listener
     assert len(engine.listeners) == 1
@@ -316,3 +459,70 @@ def test_real_engine_exports_its_speculative_decoding_counters(loaded):
             value(s, "spec_decode_num_draft_tokens_total", model=loaded.name),
             value(s, "spec_decode_num_accepted_tokens_total", model=loaded.name)) == (
         spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
+
+
+@pytest.mark.model
+def test_real_engine_over_http_exports_vllms_histograms_of_the_requests_sent(loaded):
+    """/metrics over HTTP after three completions: each request-shape histogram counts the
+    requests and sums their sizes, and the tokens per step sum to the tokens computed."""
+    config = EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64)
+    with Engine(config, loaded=loaded) as engine:
+        metrics = ServerMetrics(lambda: engine)
+        metrics.watch(engine)
+        name = loaded.name
+        with serving(api_routes(lambda: engine, model_name=name, metrics=metrics)) as url:
+            max_tokens = [3, 8, 5]
+            usages = [httpx.post(url + "/v1/completions", timeout=120, json={
+                "model": name, "prompt": prompt, "max_tokens": n, "temperature": 0,
+            }).json()["usage"] for prompt, n in zip(
+                ["Hello", "What is 2 + 2?", "Name a colour."], max_tokens, strict=True)]
+
+            def http_scrape() -> dict:
+                text = httpx.get(url + "/metrics", timeout=10).text
+                return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                        for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+            def finished() -> float:
+                s = http_scrape()
+                return sum(value(s, "request_success_total", model=name, finished_reason=r)
+                           for r in ("stop", "length"))
+
+            wait_for(lambda: finished() == 3, timeout=10)
+            stats = engine.stats()
+            wait_for(lambda: value(http_scrape(), "iteration_tokens_total_count",
+                                   model=name) == stats.num_steps, timeout=10)
+            s = http_scrape()
+    prompts = [u["prompt_tokens"] for u in usages]
+    generated = [u["completion_tokens"] for u in usages]
+    cached = [(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for u in usages]
+
+    def hist(metric: str) -> tuple[float, float]:
+        return value(s, metric + "_count", model=name), value(s, metric + "_sum", model=name)
+
+    assert hist("request_prompt_tokens") == (3, sum(prompts))
+    assert hist("request_generation_tokens") == (3, sum(generated))
+    assert hist("request_max_num_generation_tokens") == (3, sum(generated))
+    assert hist("request_params_max_tokens") == (3, sum(max_tokens))
+    assert hist("request_params_n") == (3, 3)
+    assert hist("request_prefill_kv_computed_tokens") == (3, sum(prompts) - sum(cached))
+    for metric in ("request_prefill_time_seconds", "request_decode_time_seconds",
+                   "request_inference_time_seconds", "request_queue_time_seconds"):
+        assert hist(metric)[0] == 3, metric
+    assert hist("request_time_per_output_token_seconds")[0] == sum(g > 1 for g in generated)
+    # each request computes its uncached prompt, then every output token but the last
+    computed = sum(p - c + g - 1 for p, c, g in zip(prompts, cached, generated, strict=True))
+    steps = stats.recent_steps
+    assert hist("iteration_tokens_total") == (len(steps), computed)
+    assert computed == sum(st.num_prefill_tokens + st.num_decode_tokens for st in steps)
+    assert buckets(s, "iteration_tokens_total", model=name) == [
+        1, 8, 16, 32, 64, 128, 256, 512]  # the default step budget, 512
+    lengths = list(build_1_2_5_buckets(engine.max_model_len))
+    assert lengths[:4] == [1, 2, 5, 10] and lengths[-1] <= engine.max_model_len
+    for metric in ("request_prompt_tokens", "request_generation_tokens",
+                   "request_max_num_generation_tokens", "request_params_max_tokens"):
+        assert buckets(s, metric, model=name) == lengths, metric
+    assert buckets(s, "request_prefill_time_seconds", model=name) == VLLM_LATENCY
+    assert buckets(s, "request_time_per_output_token_seconds", model=name) == VLLM_ITL
+    info = [dict(k[1]) for k in s if k[0] == P + "cache_config_info"]
+    assert info == [{"model_name": name, "block_size": "16", "cache_dtype": "float32",
+                     "enable_prefix_caching": "True", "num_gpu_blocks": "64"}]
