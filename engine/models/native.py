@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("paged_attention.cpp", "layer_ops.cpp", "bf16_gemm.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / "simd.h"]  # included by the sources
 BASE_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}  # BATCHLENS_NATIVE_ISA
 
@@ -93,7 +94,8 @@ def build_dir() -> Path:
     torch's builder waits for a `lock` file while another process builds; a build killed
     midway leaves it behind, and every later start would wait forever, so an old one goes.
     """
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(cflags()).encode()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS)
+                         + " ".join(cflags()).encode()
                          + torch.__version__.encode()).hexdigest()[:16]
     folder = loader.cache_root() / "kernels" / key
     folder.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "simd.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -205,29 +207,15 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
 }
 
 #if defined(__AVX512F__)
-// 16 lanes of SiLU(g) * u for bfloat16: e^-g as in exp_f, 1 / (1 + e^-g) by the 14-bit
+// 16 lanes of SiLU(g) * u for bfloat16: e^-g by exp_ps, 1 / (1 + e^-g) by the 14-bit
 // reciprocal (bfloat16 keeps 8 bits), rounded to nearest even on the way out
 inline void silu_mul_bf16x16(const at::BFloat16* g, const at::BFloat16* u, at::BFloat16* o) {
-  auto load = [](const at::BFloat16* p) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  };
-  const __m512 x = load(g);
-  const __m512 y = _mm512_mul_ps(
-      _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)), _mm512_set1_ps(87.f)),
-      _mm512_set1_ps(-1.44269504088896341f));  // -x log2 e
-  const __m512 k = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(y, k), _mm512_set1_ps(0.693147180559945309f));
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  const __m512 e = _mm512_scalef_ps(p, k);  // e^-x
+  const __m512 x = load16(g);
+  // -g within [-87, 88], where e^-g is a finite float32 (SiLU is g or 0 beyond)
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)), _mm512_set1_ps(87.f));
+  const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), c));
   const __m512 s = _mm512_mul_ps(x, _mm512_rcp14_ps(_mm512_add_ps(e, _mm512_set1_ps(1.f))));
-  __m512i bits = _mm512_castps_si512(_mm512_mul_ps(s, load(u)));
+  __m512i bits = _mm512_castps_si512(_mm512_mul_ps(s, load16(u)));
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   bits = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi32_epi16(bits));

@@ -27,6 +27,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
 inline float to_float(float x) { return x; }
@@ -185,31 +187,6 @@ constexpr bool kHasDotBf16 = true;
 #else
 constexpr bool kHasDotBf16 = false;
 #endif
-
-// 16 elements -> 16 floats (bfloat16 is the top half of a float32)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// e^x for x <= 0: 2^(x log2 e) = 2^k * 2^f with |f| <= 1/2, 2^f by its Taylor series to
-// degree 7 (relative error < 1e-8, below float32 rounding), 2^k applied by scalef.
-inline __m512 exp_ps(__m512 x) {
-  const __m512 y = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)),
-                                 _mm512_set1_ps(1.4426950408889634f));
-  const __m512 k = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(y, k), _mm512_set1_ps(0.6931471805599453f));
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, k);
-}
 
 // Lane t of the result is the sum of v[t]'s 16 lanes: 16 horizontal sums in 15 adds
 // (one _mm512_reduce_add_ps per vector costs about as many instructions for each one).
@@ -421,31 +398,6 @@ bool decode_avx512_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
 // The AVX2 kernel (no AVX-512): float32 FMAs on 8 lanes, keys 8 at a time, the same
 // structure as decode_avx512. AVX2 has 16 vector registers, so the accumulators live in
 // an L1-resident array and p·v runs one 8-wide slice of head_dim at a time.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
-// e^x for x <= 0, as exp_ps, with 2^k built in the exponent bits (AVX2 has no scalef)
-inline __m256 exp8(__m256 x) {
-  const __m256 y = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)),
-                                 _mm256_set1_ps(1.4426950408889634f));
-  const __m256 k = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(y, k), _mm256_set1_ps(0.6931471805599453f));
-  __m256 p = _mm256_set1_ps(1.f / 5040);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 720));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 // Lane t of the result is the sum of v[t]'s 8 lanes.
 inline __m256 hsum8(const __m256* v) {
   const __m256 b0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
