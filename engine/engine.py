@@ -19,6 +19,7 @@ why, and `restart()` starts a fresh loop on the same weights and KV tensors.
 
 from __future__ import annotations
 
+import collections
 import threading
 import traceback
 from collections.abc import Callable, Iterable
@@ -38,6 +39,7 @@ from engine.speculative import Speculation
 DEFAULT_CPU_KV_GB = 1.0
 DEFAULT_GPU_KV_FRACTION = 0.4
 LOOP_THREAD = "batchlens-engine"
+CANCEL_LAGS_KEPT = 256
 
 __all__ = ["Engine", "StepStats"]
 
@@ -80,6 +82,9 @@ class Engine(ServingBase):
         self._state_lock = threading.Lock()
         self._finish_listeners: list[Callable[[RequestOutput], None]] = []
         self._step_listeners: list[Callable[[StepStats], None]] = []
+        # request id -> the engine's step count when its cancel was asked for
+        self._cancel_marks: dict[str, int] = {}
+        self._cancel_lags: collections.deque[int] = collections.deque(maxlen=CANCEL_LAGS_KEPT)
         self._start_loop(self._run_loop, LOOP_THREAD)
 
     # ---- set-up --------------------------------------------------------------------
@@ -156,6 +161,20 @@ class Engine(ServingBase):
         keep it cheap."""
         self._step_listeners.append(listener)
 
+    def cancel(self, request_id: str) -> None:
+        """Stop a request; whatever it holds is freed before the next step begins."""
+        with self._cond:
+            self._cancel_marks.setdefault(request_id, self.core.num_steps)
+        super().cancel(request_id)
+
+    def cancel_lags(self) -> list[int]:
+        """For the latest cancels of requests the engine held (oldest first): how many
+        steps began between the cancel and the freeing of the request's blocks. The step
+        running when a cancel arrives finishes first, so each is 0 or 1; a latency promise
+        ("a closed tab frees its blocks at once") is tested in these, not in seconds."""
+        with self._cond:
+            return list(self._cancel_lags)
+
     def kv_snapshot(self) -> tuple[list[BlockInfo], KVCacheStats]:
         """Every block's state plus the stats at the same moment."""
         with self._state_lock:
@@ -194,6 +213,7 @@ class Engine(ServingBase):
         with self._cond:
             self._stopped, self._stop_reason = False, ServingBase._stop_reason
             self._cancels.clear()
+            self._cancel_marks.clear()
             self._thread = threading.Thread(target=self._run_loop, name=LOOP_THREAD,
                                             daemon=True)
             self._thread.start()
@@ -236,6 +256,7 @@ class Engine(ServingBase):
         with self._cond, self._state_lock:
             requests, self._inbox = self._inbox, []
             self._cancels.clear()
+            self._cancel_marks.clear()
             requests += list(self.core.requests.values())
         updates = []
         for request in requests:
@@ -270,6 +291,7 @@ class Engine(ServingBase):
             with self._state_lock:
                 updates = [core.abort(rid) for rid in cancels]
                 batch = core.schedule()
+            self._note_cancels(cancels, updates)
             self._stream(u for u in updates if u is not None)
             if batch.is_empty:
                 continue
@@ -281,6 +303,14 @@ class Engine(ServingBase):
             self._stream(updates)
             if step is not None:
                 self._tell_step(step)
+
+    def _note_cancels(self, cancels: Iterable[str], updates: list) -> None:
+        """Record the step lag of each cancel that freed a request."""
+        with self._cond:
+            for rid, update in zip(cancels, updates, strict=True):
+                mark = self._cancel_marks.pop(rid, None)
+                if mark is not None and update is not None:
+                    self._cancel_lags.append(self.core.num_steps - mark)
 
     def _tell_step(self, step: StepStats) -> None:
         """Hand one step's stats to the step listeners."""

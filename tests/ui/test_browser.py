@@ -28,13 +28,15 @@ import pytest
 from polling import wait_for
 
 from server.child import child_server, free_port
-from ui.job_slot import SLOW_REFRESH_S
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
 
 ROOT = Path(__file__).resolve().parents[2]
 RACE_TIMEOUT_MS = 480_000
-FREED_WITHIN_S = 2.0  # Stop or a closed tab: every block of the race free by then
+# Stop or a closed tab: the longest wait for every block of the race to be free. A bound on
+# a hang, not the promise: an uncancelled race of these runs minutes longer, and "freed
+# before the next step" is checked in engine steps (tests/server/test_cancel.py)
+FREED_TIMEOUT_S = 60.0
 STRIP = re.compile(r"running: (\d+) · waiting: (\d+) · yours: (\d+)")
 
 
@@ -201,8 +203,7 @@ def test_a_closed_tab_cancels_its_race_and_frees_its_blocks(server, browser):
              "the other tab never saw the race", interval=0.1)
     page.context.close()  # the websocket closes: the race sees its session gone
     closed = time.monotonic()
-    # freed within 2 s; the watcher's strip redraws every SLOW_REFRESH_S on top of that
-    wait_for(lambda: all_blocks_free(watcher), FREED_WITHIN_S + SLOW_REFRESH_S,
+    wait_for(lambda: all_blocks_free(watcher), FREED_TIMEOUT_S,
              "the closed tab's requests still run or hold KV blocks", interval=0.05)
     print(f"closed tab: every block free on the other tab's strip after "
           f"{time.monotonic() - closed:.2f} s")

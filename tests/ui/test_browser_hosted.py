@@ -5,7 +5,8 @@ in hosted mode with an admin password, visited by a visitor and by the admin.
   one-line refusal naming the limit, and no traceback;
 - the admin's rebuild during a visitor's race leaves the visitor a finished race (the old
   engine drains) or a plain sentence;
-- Stop of a 64-user race frees every block within 2 s, read from the status strip.
+- Stop of a 64-user race frees every block, read from the status strip, with fewer than
+  64 users finished.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import pytest
 from polling import wait_for
 from test_browser import (
-    FREED_WITHIN_S,
+    FREED_TIMEOUT_S,
     RACE_TIMEOUT_MS,
     all_blocks_free,
     click_run,
@@ -116,7 +117,7 @@ def test_a_rebuild_during_a_visitors_race_leaves_it_finished_or_told(hosted, bro
         page.context.close()
 
 
-def test_stop_of_a_64_user_race_frees_every_block_within_2_s(hosted, browser):
+def test_stop_of_a_64_user_race_frees_every_block(hosted, browser):
     page = open_arena(browser, hosted)
     # every user sends the long story: a short varied answer ("What is the capital of
     # France?") can finish before the last of 64 is admitted, and all 64 never run at once
@@ -132,8 +133,8 @@ def test_stop_of_a_64_user_race_frees_every_block_within_2_s(hosted, browser):
              "the 64 requests were never all running", interval=0.1)
     page.get_by_role("button", name="Stop", exact=True).click()
     clicked = time.monotonic()
-    wait_for(lambda: all_blocks_free(page), FREED_WITHIN_S,
-             f"blocks still held {FREED_WITHIN_S} s after Stop", interval=0.05)
+    wait_for(lambda: all_blocks_free(page), FREED_TIMEOUT_S,
+             f"blocks still held {FREED_TIMEOUT_S:g} s after Stop", interval=0.05)
     print(f"stop: every block free on the strip after {time.monotonic() - clicked:.2f} s")
     panel = page.locator(".st-key-side-datacenter")
     panel.get_by_text(re.compile(r"^Stopped: \d+ of 64 users finished\.$")).wait_for()
