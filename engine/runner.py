@@ -54,7 +54,7 @@ from engine.sequence import Sequence
 GROUP_OVERHEAD = 24  # cost of one more decode group, in padded (request x block) units
 # A decode group with at most this many padded keys in all (requests x keys) runs through
 # the fused SDPA kernel; larger ones through two batched matmuls, which scale better on CPU
-# (measured on the 2-core CPU: SDPA 3-4x faster at 1 request, 2x slower at 16).
+# (on a small CPU SDPA is 3-4x faster at 1 request and 2x slower at 16).
 SDPA_MAX_KEYS = 1024
 GRAPH_WARMUP_STEPS = 2
 
@@ -98,9 +98,9 @@ def row_bucket(rows: int) -> int:
     rows on average past 32).
 
     oneDNN keeps memory for every new matmul row count it meets on a bfloat16 CPU (about
-    0.3-0.7 MiB each, not returned when its primitive cache evicts them): measured on the
-    2-core EPYC, 600 distinct counts grew a process by ~800 MiB, while the same counts
-    rounded to 38 sizes grew it by ~100 MiB and then not at all. A server meeting every
+    0.3-0.7 MiB each, not returned when its primitive cache evicts them): 600 distinct counts
+    grow a process by ~800 MiB, while the same counts rounded to 38 sizes grow it by
+    ~100 MiB and then not at all. A server meeting every
     prompt length would grow for hours; bucketed, the set of shapes is bounded.
     """
     if rows <= 32:

@@ -86,7 +86,7 @@ class ServingStats:
     recent_steps: tuple[StepStats, ...] = ()
     n_ctx: int | None = None
     emulated: str | None = None
-    stopped: str | None = None  # why the side no longer serves (None: it serves)
+    stopped: str | None = None  # why the side has stopped serving (None: it serves)
     spec: SpecDecodeStats | None = None  # speculative decoding's counters (None: it is off)
 
 

@@ -2,8 +2,8 @@
 
 Times SmolLM2-135M's 120 layer matmuls (QKV, O, gate/up, down of 30 layers; random weights
 far past the caches) at each row count both ways, through `engine.models.linear.Linear`:
-oneDNN's packed weights (`pack=True`, what a bfloat16 step ran before the kernel, and still
-runs on CPUs with AMX) and the kernel (`kernel=True`). Prints ms, TFLOPS and the ratio, and
+oneDNN's packed weights (`pack=True`, what a bfloat16 step runs on CPUs with AMX or with
+BATCHLENS_BF16_KERNEL=0) and the kernel (`kernel=True`). Prints ms, TFLOPS and the ratio, and
 the kernel's largest error against the exact product. Needs a CPU with AVX512_BF16.
 
     python scripts/bf16_matmul_bench.py [--rows 1,4,16,64,512]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check (issue 15), one call of at most 8 minutes on a lent NVIDIA H200 (README "GPU"):
+# The GPU check, one call of at most 8 minutes on a lent GPU machine (docs/gpu.md; the
+# targets at the end are set for an NVIDIA H200):
 #   1. token identity with transformers on CUDA for tiny random Llama / Qwen2 models
 #      (float32), CUDA-graph greedy == eager, the Triton paged-decode kernel against its
 #      reference, the KV-cache / scheduler / sampler unit tests;

@@ -15,10 +15,10 @@ request's text into its handle's queue. One `HandleWatcher` task per event loop 
 handle a request is waiting on, without blocking, every `TICK_S` (5 ms, far below an engine
 step of tens of ms), and wakes the waiting coroutine with the new text. A stream costs the
 loop nothing between ticks, the loop wakes once per tick for all streams together, and no
-thread pool caps how many clients stream at once. Measured on the 2-core CPU (64 streaming
-clients, 2,000 tokens, bfloat16, 5-6 runs each): the tick gave 268-309 tok/s, one worker
+thread pool caps how many clients stream at once. With 64 streaming clients on a small CPU
+(2,000 tokens, bfloat16, 5-6 runs each) the tick gives 268-309 tok/s, one worker
 thread per chunk (`anyio.to_thread`, with its own 512-thread limiter) 264-307, in-process
-306-321; 2 ms and 10 ms ticks were no better. Equal within the noise, so the cheaper one.
+306-321; 2 ms and 10 ms ticks are no better. Equal within the noise, so the cheaper one.
 
 A client that goes away is noticed while the request runs (the connection's
 `http.disconnect`), streaming or not, and its request is cancelled, so its KV blocks are

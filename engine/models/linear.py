@@ -1,21 +1,18 @@
 """Linear layers: bfloat16 by this project's AVX512_BF16 kernel or oneDNN's packed weights,
 float32 by `F.linear`.
 
-On CPU in bfloat16, oneDNN's blocked weight layout (the one torch.compile's CPU backend
-packs weights into) reads the weights faster than `F.linear` on plain row-major weights:
-measured on the 2-core EPYC, the SmolLM2 matmuls of one decode step take 13.6 ms instead
-of 18.3, and the packed path stays faster up to 256 rows. Results are bit-identical there.
+Where the CPU has AVX512_BF16 but no AMX, bfloat16 goes to csrc/bf16_gemm.cpp
+(`native.bf16_linear`), whose weights are laid out for one VDPBF16PS per 64-byte load. At
+the few rows of a decode step a matmul only streams its weights once, and this layout
+streams them faster than oneDNN's packed one; at a prompt's hundreds of rows the two are
+equally fast (`python scripts/bf16_matmul_bench.py`; figures in docs/benchmarks.md). A
+row's result does not depend on the other rows of the batch, and no memory is kept per
+row count. With AMX, oneDNN's tile instructions should be the faster path for prompts, so
+such CPUs keep oneDNN's packed weights, which read faster than `F.linear` on plain
+row-major weights and give bit-identical results.
+
 float32 keeps plain `F.linear`, whose sums match transformers' to the last bit, for every
 layer but the LM head (`should_pack_lm_head`).
-
-Where the CPU has AVX512_BF16 but no AMX, bfloat16 goes to csrc/bf16_gemm.cpp instead
-(`native.bf16_linear`), whose weights are laid out for one VDPBF16PS per 64-byte load. Against
-oneDNN's packed weights, the SmolLM2 layer matmuls on the 2-core EPYC (`python
-scripts/bf16_matmul_bench.py`, assets/bf16_matmul_bench.txt) took 8.5 ms instead of 15.2 at
-1 row, 13.0 instead of 17.6 at 16, 36.2 instead of 45.0 at 64 and 276 instead of 302 at 512,
-and as long at 1,024. A row's result no longer depends on the other rows of the batch,
-and no memory is kept per row count. With AMX (not measured here) oneDNN's tile
-instructions should be the faster path for prompts, so such CPUs keep oneDNN.
 """
 
 from __future__ import annotations
@@ -27,11 +24,10 @@ import torch.nn.functional as F
 
 # oneDNN (bfloat16 matmuls on a CPU) keeps a compiled primitive per matmul shape in two
 # caches, its own and ideep's, 1,024 entries each by default, each entry holding memory that
-# grows with the shape (~1 MiB at 512 x 3072): a server meeting every row count grew by
-# ~500 MiB in a 10-minute soak, and 600 row counts of one weight by ~600 MiB (2-core EPYC).
-# Bounded here, with the runner's row buckets (`engine.runner.row_bucket`) keeping the
-# shapes a step meets few enough to stay cached. Read when oneDNN first runs; set either
-# variable yourself to override.
+# grows with the shape (~1 MiB at 512 x 3072): unbounded, a server meeting every row count
+# grows by hundreds of MiB over minutes (docs/engine.md). Bounded here, with the runner's
+# row buckets (`engine.runner.row_bucket`) keeping the shapes a step meets few enough to
+# stay cached. Read when oneDNN first runs; set either variable yourself to override.
 ONEDNN_CACHE_ENTRIES = "64"
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_ENTRIES)
 os.environ.setdefault("LRU_CACHE_CAPACITY", ONEDNN_CACHE_ENTRIES)
@@ -86,9 +82,9 @@ def kernel_fits(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
 
 
 def should_pack_lm_head(device: torch.device, dtype: torch.dtype) -> bool:
-    """Prepack the LM head on CPU in float32 too: at 64 rows MKL's `F.linear` ran it at 39
-    GFLOP/s on the 2-core EPYC, oneDNN's packed weights at 83. It is the last matmul, so
-    its last-bit differences from `F.linear` reach only the logits, never a later layer."""
+    """Prepack the LM head on CPU in float32 too: at 64 rows oneDNN's packed weights run it
+    about twice as fast as MKL's `F.linear`. It is the last matmul, so its last-bit
+    differences from `F.linear` reach only the logits, never a later layer."""
     return should_pack(device, torch.bfloat16) and dtype in (torch.bfloat16, torch.float32)
 
 

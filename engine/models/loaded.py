@@ -88,7 +88,7 @@ class LoadedModel:
 def freeze_heap() -> None:
     """Move every object alive now (weights, tokenizer, imported libraries) out of the
     garbage collector's reach. Otherwise each full collection walks that whole heap while
-    the engine's step loop waits: measured on the 2-core CPU with transformers' model also
-    loaded, decode steps of 24 ms were 63 ms on average, with pauses up to 1.7 s."""
+    the engine's step loop waits: with transformers' model also loaded, that makes 24 ms
+    decode steps take 63 ms on average, with pauses up to 1.7 s."""
     gc.collect()
     gc.freeze()

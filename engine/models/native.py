@@ -2,8 +2,8 @@
 decoder layer's fused elementwise ops and, on CPUs with AVX512_BF16, the bfloat16 matmuls.
 
 Decode attention in plain torch has to gather every request's K/V blocks into a padded
-copy before two batched matmuls can read them: on the 2-core CPU that copy plus the small
-matmuls were 43% of a 64-user step. The kernel (paged_attention.cpp) walks each block table
+copy before two batched matmuls can read them: on a small CPU that copy plus the small
+matmuls are 43% of a 64-user step. The kernel (paged_attention.cpp) walks each block table
 and reads every K/V byte once, keeping the softmax running in float32. The layer ops
 (layer_ops.cpp) replace the dozen small torch ops around the matmuls of each layer
 (residual add + RMSNorm, RoPE + the K/V write, SiLU x up) by three calls. The matmul
@@ -12,7 +12,7 @@ few rows of a decode step, and is as fast at a prompt's hundreds.
 
 All are compiled with torch's own extension builder (g++ and ninja) into kernels/ under
 the user cache (`$BATCHLENS_CACHE` or ~/.cache/batchlens) the first time a model loads on a
-machine (40-60 s on the 2-core CPU; a presenter starts the app once before the talk), and
+machine (under a minute on two cores; a presenter starts the app once before the talk), and
 loaded from there afterwards (well under a second). `-march=native` picks the CPU's vector
 instructions: the attention kernel has AVX-512 (with AVX512_BF16 dot products where the
 CPU has them), AVX2 and portable paths. BATCHLENS_NATIVE_ISA=avx2 builds without AVX-512,

@@ -3,17 +3,17 @@ step of 64 sequences and one of a single sequence, each through `ModelRunner.exe
 (prepare, forward with the decode-attention path the dtype gets, sampling), in bfloat16
 and in float32.
 
-A lone matmul said the wrong thing on a Xeon with avx512_bf16 but no AMX: bfloat16 matmul
-1.4x slower, while the packed-weight path and the native kernels the engine runs in
-bfloat16 were not part of the measurement. Called once per machine and model
-(`device.pick_dtype` keeps the answer); about 5 s on the 2-core CPU, both models built
-(~1 GiB for SmolLM2-135M) and dropped.
+A lone matmul is the wrong test: on a CPU with avx512_bf16 but no AMX it can make
+bfloat16 look slower, since the packed-weight path and the native kernels the engine runs
+in bfloat16 are not part of it. Called once per machine and model (`device.pick_dtype`
+keeps the answer); a few seconds, both models built (~1 GiB for SmolLM2-135M) and
+dropped.
 
 On one thread: the answer is kept for good, so it must not depend on what else runs at
-that moment. With the engine's two threads on a machine where another process held a
-core, every op's OpenMP team waited for its descheduled thread, bfloat16 steps (more,
-shorter ops) suffered most, and float32 was picked at "3.6x"; one thread per step, the
-steps interleaved, sees each dtype's work alone.
+that moment. With two threads on a machine where another process holds a core, every
+op's OpenMP team waits for its descheduled thread, and bfloat16 steps (more, shorter ops)
+suffer most, enough to pick the wrong dtype; one thread per step, the steps interleaved,
+sees each dtype's work alone.
 """
 
 from __future__ import annotations

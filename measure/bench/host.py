@@ -13,8 +13,8 @@ host time: on a GPU that is what a decode step costs on top of its kernels.
 Each size runs `repeats` windows of `steps` decode steps; the best window counts (other
 processes share the cores). The stand-in's logits are `LOGITS_WIDTH` wide instead of the
 vocabulary, so the sampler's argmax costs its launch, not a read of 49,152 floats per row
-that a GPU would do in microseconds (argmax over 1,024 x 1,024 float32 takes ~1.5 ms on
-the 2-core CPU; over 1,024 x 320, ~0.5 ms).
+that a GPU would do in microseconds (on a small CPU an argmax over 1,024 x 1,024 float32
+takes about three times as long as over 1,024 x 320).
 """
 
 from __future__ import annotations

@@ -252,11 +252,10 @@ def run_local(ctx: BenchContext) -> list[RunResult]:
 
 # The registry of runs, in run order. This engine and the local PC run first, in a process
 # no transformers run has touched yet: after transformers' static batching, engine@64 in the
-# same process ran at 441-467 tokens/s in four of five runs, 472-484 before it (2026-12-01,
-# 2-core EPYC, two processes; cause not found, and not a second OpenMP team: a check showed
-# none). transformers' continuous batching runs last: its manager computes on a thread of
-# its own, whose OpenMP team outlives it and slows every later run in the process
-# (measured: this engine's batch-1 decode step, 26 ms before it, 48 ms after it).
+# same process runs a few percent slower (cause not found; not a second OpenMP team).
+# transformers' continuous batching runs last: its manager computes on a thread of its own,
+# whose OpenMP team outlives it and slows every later run in the process (this engine's
+# batch-1 decode step takes about twice as long after it).
 RUNS: dict[str, Callable[[BenchContext], list[RunResult]]] = {
     "engine": run_engine,
     "local": run_local,
