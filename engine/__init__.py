@@ -4,6 +4,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, StepStats
 from engine.engine import Engine
 from engine.local import LocalPC
+from engine.logprobs import TokenLogprob
 from engine.metrics import RequestMetrics, summarize
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestHandle, RequestOutput
@@ -22,5 +23,6 @@ __all__ = [
     "ServingSide",
     "ServingStats",
     "StepStats",
+    "TokenLogprob",
     "summarize",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.logprobs import TokenLogprob
 from engine.metrics import RequestMetrics
 from engine.sequence import Sequence
 
@@ -35,6 +36,8 @@ class RequestOutput:
     num_drafts: int = 0  # speculative decoding: steps that verified drafts
     num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0  # drafts accepted
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, when asked
 
     @property
     def ttft(self) -> float | None:
@@ -53,13 +56,19 @@ class RequestHandle:
     """A submitted request: iterate for text deltas, `result()` for the final output.
 
     The engine thread feeds it; any number of consumer threads may hold handles.
+    `token_logprobs` is the sequence's own list of output-token log-probabilities (empty
+    when not asked): each token's entry is appended before its text and count are pushed,
+    so `token_logprobs[sent:num_tokens]` after a poll is complete.
     """
 
     def __init__(
-        self, request_id: str, prompt_token_ids: list[int], cancel: Callable[[str], None]
+        self, request_id: str, prompt_token_ids: list[int], cancel: Callable[[str], None],
+        token_logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
+        self.token_logprobs: list[TokenLogprob] = (
+            token_logprobs if token_logprobs is not None else [])
         self._cancel = cancel
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._done = threading.Event()
@@ -155,6 +164,7 @@ def make_output(
     emulated: str | None = None,
 ) -> RequestOutput:
     """The final `RequestOutput` of a finished request."""
+    p = seq.params
     return RequestOutput(
         request_id=seq.request_id,
         prompt_token_ids=seq.prompt_token_ids,
@@ -169,4 +179,6 @@ def make_output(
         num_drafts=seq.num_drafts,
         num_draft_tokens=seq.num_draft_tokens,
         num_accepted_tokens=seq.num_accepted_tokens,
+        logprobs=list(seq.logprobs) if p.logprobs is not None else None,
+        prompt_logprobs=list(seq.prompt_logprobs) if p.prompt_logprobs is not None else None,
     )
