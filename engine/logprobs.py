@@ -34,8 +34,9 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]  # the top-k (token id, logprob), best first
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: list[int],
-                   num_logprobs: list[int]) -> list[TokenLogprob]:
+def token_logprobs(
+    logits: torch.Tensor, token_ids: list[int], num_logprobs: list[int]
+) -> list[TokenLogprob]:
     """Row r's `TokenLogprob` of `token_ids[r]` with its top `num_logprobs[r]`, from raw
     logits [R, vocab] (any float dtype, computed in float32 on their device)."""
     if not token_ids:
@@ -51,7 +52,8 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int],
     return [
         TokenLogprob(t, c, rank, tuple(zip(top_ids[r][:n], top_lp[r][:n], strict=True)))
         for r, (t, c, rank, n) in enumerate(
-            zip(token_ids, chosen[:, 0].tolist(), ranks, num_logprobs, strict=True))
+            zip(token_ids, chosen[:, 0].tolist(), ranks, num_logprobs, strict=True)
+        )
     ]
 
 
@@ -66,8 +68,12 @@ def spec_offsets(seqs: list[Sequence]) -> list[int]:
     return offsets
 
 
-def record_sample_logprobs(logits: torch.Tensor, seqs: list[Sequence], entries: list[int],
-                           sampled: dict[int, int | list[int]]) -> None:
+def record_sample_logprobs(
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    entries: list[int],
+    sampled: dict[int, int | list[int]],
+) -> None:
     """Append to each asking sequence's `logprobs` the entries of the tokens sampled from
     raw `logits` (row r belongs to `seqs[r]`, entry `entries[r]`; a verification's row j
     gives its j-th verified token, and rows past them give none)."""
@@ -88,8 +94,9 @@ def record_sample_logprobs(logits: torch.Tensor, seqs: list[Sequence], entries: 
     if not rows:
         return
     index = torch.tensor(rows, device=logits.device)
-    for seq, lp in zip(owners, token_logprobs(logits.index_select(0, index), tokens, ks),
-                       strict=True):
+    for seq, lp in zip(
+        owners, token_logprobs(logits.index_select(0, index), tokens, ks), strict=True
+    ):
         seq.logprobs.append(lp)
 
 

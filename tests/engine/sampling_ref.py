@@ -13,8 +13,9 @@ import torch
 from engine.config import SamplingParams
 
 
-def reference_penalize(row: torch.Tensor, p: SamplingParams, prompt: list[int],
-                       output: list[int]) -> torch.Tensor:
+def reference_penalize(
+    row: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]
+) -> torch.Tensor:
     """logit_bias, then repetition, frequency and presence penalties, on one float32 row."""
     x = row.clone()
     for token, bias in p.logit_bias.items():
@@ -57,8 +58,9 @@ def reference_filter(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return x
 
 
-def reference_process(row: torch.Tensor, p: SamplingParams, prompt: list[int],
-                      output: list[int]) -> torch.Tensor:
+def reference_process(
+    row: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]
+) -> torch.Tensor:
     """Every step that changes the logits: penalties, and for a sampled row the filters."""
     x = reference_penalize(row, p, prompt, output)
     return x if p.greedy else reference_filter(x, p)
@@ -69,5 +71,6 @@ def reference_draw(processed: torch.Tensor, generator: torch.Generator) -> int:
     request's generator seeds a generator that fills Exp(1) noise; argmax(probs / noise)."""
     seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
     noise = torch.empty_like(processed).exponential_(
-        generator=torch.Generator(device=processed.device).manual_seed(seed))
+        generator=torch.Generator(device=processed.device).manual_seed(seed)
+    )
     return int((torch.softmax(processed, dim=-1) / noise).argmax())

@@ -37,7 +37,8 @@ def random_params(rng: random.Random, seed: int) -> SamplingParams:
         frequency_penalty=rng.choice([0.0, 0.3, 2.0]) if pick() < 0.5 else 0.0,
         repetition_penalty=rng.choice([1.0, 1.2, 0.8]) if pick() < 0.5 else 1.0,
         logit_bias={rng.randrange(VOCAB): rng.uniform(-100, 100) for _ in range(3)}
-        if pick() < 0.4 else {},
+        if pick() < 0.4
+        else {},
         seed=seed,
     )
 
@@ -47,9 +48,13 @@ def random_batch(seed: int, rows: int = 12):
     rng = random.Random(seed)
     logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
     params = [random_params(rng, seed * 100 + r) for r in range(rows)]
-    histories = [([rng.randrange(VOCAB) for _ in range(rng.randrange(1, 20))],
-                  [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 30))])
-                 for _ in range(rows)]
+    histories = [
+        (
+            [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 20))],
+            [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 30))],
+        )
+        for _ in range(rows)
+    ]
     return logits, params, histories
 
 
@@ -84,8 +89,9 @@ def test_greedy_and_seeded_choices_equal_the_reference(seed: int) -> None:
 
 def test_rows_without_the_new_parameters_are_untouched() -> None:
     logits, params, histories = random_batch(7)
-    plain = [SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
-             for p in params]
+    plain = [
+        SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p) for p in params
+    ]
     assert process_logits(logits, plain, histories) is logits
     mixed = [plain[0], SamplingParams(presence_penalty=1.0), *plain[2:]]
     out = process_logits(logits, mixed, histories)
@@ -148,9 +154,11 @@ def seq(rid: str, prompt: list[int], output: list[int], params: SamplingParams) 
 
 def test_the_runner_samples_processed_logits_and_records_raw_logprobs() -> None:
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(11)) * 3
-    params = [SamplingParams(logprobs=2, repetition_penalty=1.5, logit_bias={5: 4.0}),
-              SamplingParams(),
-              SamplingParams(temperature=1.0, seed=3, logprobs=0, frequency_penalty=1.0)]
+    params = [
+        SamplingParams(logprobs=2, repetition_penalty=1.5, logit_bias={5: 4.0}),
+        SamplingParams(),
+        SamplingParams(temperature=1.0, seed=3, logprobs=0, frequency_penalty=1.0),
+    ]
     seqs = [seq(f"r{i}", [1, 2, 3], [4, 5, 5], p) for i, p in enumerate(params)]
     entries = [(s, 1) for s in seqs]
     runner = SimpleNamespace(speculative=False)
@@ -172,8 +180,7 @@ def test_a_verification_penalises_each_row_after_the_drafts_before_it() -> None:
     p = SamplingParams(frequency_penalty=2.0, presence_penalty=1.0, logprobs=1)
     s = seq("v", [1, 2], [3], p)
     s.spec_token_ids = [7, 8]
-    assert token_histories([s, s, s]) == [([1, 2], [3]), ([1, 2], [3, 7]),
-                                          ([1, 2], [3, 7, 8])]
+    assert token_histories([s, s, s]) == [([1, 2], [3]), ([1, 2], [3, 7]), ([1, 2], [3, 7, 8])]
     logits = torch.zeros(3, VOCAB)
     logits[0, 7] = logits[1, 8] = 5.0  # the drafts win even after their penalty
     logits[2, 7] = logits[2, 9] = 4.0  # 7 is penalised as a draft before it: 9 wins
@@ -184,17 +191,20 @@ def test_a_verification_penalises_each_row_after_the_drafts_before_it() -> None:
     assert s.logprobs[2].rank == 2  # in the raw logits 7 ties with 9 (vLLM ranks ties above)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(presence_penalty=3), "presence_penalty must be in [-2, 2], got 3"),
-    (dict(frequency_penalty=-2.5), "frequency_penalty must be in [-2, 2]"),
-    (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
-    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
-    (dict(logit_bias={-1: 1.0}), "logit_bias: token ids must be integers >= 0"),
-    (dict(logit_bias={5: 101}), "logit_bias[5] must be in [-100, 100]"),
-    (dict(min_p=1.5), "min_p must be in [0, 1]"),
-    (dict(logprobs=21), "logprobs must be >= 0 and <= 20"),
-    (dict(prompt_logprobs=-1), "prompt_logprobs must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(presence_penalty=3), "presence_penalty must be in [-2, 2], got 3"),
+        (dict(frequency_penalty=-2.5), "frequency_penalty must be in [-2, 2]"),
+        (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
+        (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+        (dict(logit_bias={-1: 1.0}), "logit_bias: token ids must be integers >= 0"),
+        (dict(logit_bias={5: 101}), "logit_bias[5] must be in [-100, 100]"),
+        (dict(min_p=1.5), "min_p must be in [0, 1]"),
+        (dict(logprobs=21), "logprobs must be >= 0 and <= 20"),
+        (dict(prompt_logprobs=-1), "prompt_logprobs must be >= 0"),
+    ],
+)
 def test_bad_values_name_the_field(kwargs, message) -> None:
     with pytest.raises(ValueError) as info:
         SamplingParams(**kwargs)
@@ -205,5 +215,4 @@ def test_logit_bias_ids_are_checked_against_the_vocabulary() -> None:
     check_vocab(SamplingParams(logit_bias={49151: 1.0}), 49152)
     with pytest.raises(ValueError) as info:
         check_vocab(SamplingParams(logit_bias={99999: 1.0}), 49152)
-    assert str(info.value) == ("logit_bias: token id 99999 is out of range "
-                               "(vocabulary of 49152)")
+    assert str(info.value) == ("logit_bias: token id 99999 is out of range (vocabulary of 49152)")
