@@ -4,10 +4,9 @@ from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, StepStats
 from engine.engine import Engine
 from engine.local import LocalPC
-from engine.logprobs import TokenLogprob
 from engine.metrics import RequestMetrics, summarize
 from engine.models.loaded import LoadedModel
-from engine.outputs import RequestHandle, RequestOutput
+from engine.outputs import RequestHandle, RequestOutput, TokenLogprob
 from engine.serving import ServingSide, ServingStats
 
 __all__ = [

@@ -16,6 +16,13 @@ log-probabilities, every prompt position not recorded yet (`prompt`: (entry, pos
 
     logits_rows  [ sampled rows ... | prompt-logprob rows ... | bucket padding ]
 
+Position p's logits predict token p + 1, so a prompt's first token has no log-probability
+(`Sequence.prompt_logprobs[0]` is None) and its last position is the sampled row::
+
+    prompt   t0    t1      t2      t3    | o0 ...
+    logits   l0    l1      l2      l3
+    records  None  l0(t1)  l1(t2)  l2(t3)   l3 samples o0 (its logprob, if asked)
+
 Persistent inputs. Each running request keeps one row of `BlockTables` (a host array of
 block ids) from step to step; a step copies in only the blocks a request gained since its
 last one. The decode rows' slots and context lengths are then computed for all rows at
@@ -45,7 +52,6 @@ import numpy as np
 import torch
 
 from engine import compute, speculative
-from engine.logprobs import record_prompt_logprobs, record_sample_logprobs, spec_offsets
 from engine.models import native, paged_decode
 from engine.models.attention import (
     AttentionMetadata,
@@ -55,7 +61,7 @@ from engine.models.attention import (
     gather_index,
 )
 from engine.models.llama import LlamaModel, ModelSpec
-from engine.sampler import greedy, process_logits, sample
+from engine.sampler import greedy, process_logits, sample, token_logprobs
 from engine.sequence import Sequence
 
 GROUP_OVERHEAD = 24  # cost of one more decode group, in padded (request x block) units
@@ -202,6 +208,59 @@ def prompt_positions(seq: Sequence, start: int, end: int) -> range:
         return range(0)
     return range(max(start, len(seq.prompt_logprobs) - 1),
                  min(end, len(seq.prompt_token_ids) - 1))
+
+
+def spec_offsets(seqs: list[Sequence]) -> list[int]:
+    """Each logits row's index within its request's rows: 0 for a plain request; 0..k for
+    one verifying k drafts (its rows are consecutive)."""
+    offsets, prev, j = [], None, 0
+    for s in seqs:
+        j = j + 1 if s is prev else 0
+        offsets.append(j)
+        prev = s
+    return offsets
+
+
+def record_sample_logprobs(
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    entries: list[int],
+    sampled: dict[int, int | list[int]],
+) -> None:
+    """Append to each asking sequence's `logprobs` the entries of the tokens sampled from
+    raw `logits` (row r belongs to `seqs[r]`, entry `entries[r]`; a verification's row j
+    gives its j-th verified token, and rows past them give none)."""
+    rows, tokens, ks, owners = [], [], [], []
+    for r, (seq, j) in enumerate(zip(seqs, spec_offsets(seqs), strict=True)):
+        k = seq.params.logprobs
+        if k is None:
+            continue
+        out = sampled[entries[r]]
+        if isinstance(out, list):
+            if j >= len(out):
+                continue
+            out = out[j]
+        rows.append(r)
+        tokens.append(out)
+        ks.append(k)
+        owners.append(seq)
+    if not rows:
+        return
+    index = torch.tensor(rows, device=logits.device)
+    for seq, lp in zip(
+        owners, token_logprobs(logits.index_select(0, index), tokens, ks), strict=True
+    ):
+        seq.logprobs.append(lp)
+
+
+def record_prompt_logprobs(logits: torch.Tensor, rows: list[tuple[Sequence, int]]) -> None:
+    """Append prompt token p + 1's entry to `seq.prompt_logprobs` for each (seq, p) of
+    `rows`, logits row r from position p of rows[r] (positions ascending per request)."""
+    tokens = [seq.prompt_token_ids[p + 1] for seq, p in rows]
+    ks = [seq.params.prompt_logprobs for seq, _ in rows]
+    for (seq, p), lp in zip(rows, token_logprobs(logits, tokens, ks), strict=True):
+        assert len(seq.prompt_logprobs) == p + 1, "prompt logprobs are recorded in order"
+        seq.prompt_logprobs.append(lp)
 
 
 def token_histories(seqs: list[Sequence]) -> list[tuple[list[int], list[int]]]:

@@ -15,6 +15,11 @@ token i with probability probs[i]). The only device->host copy is the final `.to
 the chosen ids. A batch where no row sets logit_bias or a penalty skips
 `process_logits` entirely, and one without min_p skips that step.
 
+Log-probabilities (`token_logprobs`) come from the raw logits, vLLM's default
+`logprobs_mode` "raw_logprobs": a float32 log_softmax before logit_bias, penalties,
+temperature or any filter, so they describe the model, not the sampling settings. Only
+rows that asked for them pay for the log_softmax.
+
 Penalties count tokens as vLLM does: each row's token ids are padded into one [R, L]
 tensor (the pad id is `vocab`, one spare column) and `scatter_add`ed into [R, vocab + 1]
 counts, so no Python loop runs over the vocabulary.
@@ -32,6 +37,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.models import native
+from engine.outputs import TokenLogprob
 
 
 def greedy(logits: torch.Tensor) -> list[int]:
@@ -157,6 +163,30 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
     freq = torch.tensor([p.frequency_penalty for p in params], device=dev)
     presence = torch.tensor([p.presence_penalty for p in params], device=dev)
     return logits - freq[:, None] * output_counts - presence[:, None] * output_mask
+
+
+# ---- log-probabilities ---------------------------------------------------------------------
+def token_logprobs(
+    logits: torch.Tensor, token_ids: list[int], num_logprobs: list[int]
+) -> list[TokenLogprob]:
+    """Row r's `TokenLogprob` of `token_ids[r]` with its top `num_logprobs[r]`, from raw
+    logits [R, vocab] (any float dtype, computed in float32 on their device)."""
+    if not token_ids:
+        return []
+    dev = logits.device
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(token_ids, device=dev)[:, None])
+    # vLLM's rank: tokens at least as likely as the chosen one (ties rank it lower)
+    ranks = (lp >= chosen).sum(dim=-1).tolist()
+    k = max(num_logprobs)
+    top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+    return [
+        TokenLogprob(t, c, rank, tuple(zip(top_ids[r][:n], top_lp[r][:n], strict=True)))
+        for r, (t, c, rank, n) in enumerate(
+            zip(token_ids, chosen[:, 0].tolist(), ranks, num_logprobs, strict=True)
+        )
+    ]
 
 
 _device_generators: dict[torch.device, torch.Generator] = {}

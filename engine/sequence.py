@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.config import SamplingParams
-from engine.logprobs import TokenLogprob
 from engine.metrics import RequestMetrics
+
+if TYPE_CHECKING:
+    from engine.outputs import TokenLogprob
 
 
 class Status(enum.Enum):

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from engine.config import SamplingParams, check_vocab
-from engine.logprobs import token_logprobs
 from engine.metrics import RequestMetrics
 from engine.runner import ModelRunner, token_histories
-from engine.sampler import filter_batch, make_generator, process_logits, sample
+from engine.sampler import filter_batch, make_generator, process_logits, sample, token_logprobs
 from engine.sequence import Sequence
 from tests.engine.sampling_ref import (
     reference_draw,
