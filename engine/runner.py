@@ -614,8 +614,8 @@ class ModelRunner:
                 logits = self.model.forward(s.input_ids, s.positions, s.meta, self.kv_caches,
                                             s.logits_rows)
                 sampled, prompt = s.sampled, s.prompt
-            n = len(sampled)
-            if prompt:  # rows past them pad a bucket
+            n = len(sampled)  # logits rows: sampled, then prompt positions, then padding
+            if prompt:
                 record_prompt_logprobs(logits[n : n + len(prompt)],
                                        [(entries[i][0], p) for i, p in prompt])
             return self.sample_rows(logits[:n], entries, sampled, generators)
