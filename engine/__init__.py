@@ -6,7 +6,7 @@ from engine.engine import Engine
 from engine.local import LocalPC
 from engine.metrics import RequestMetrics, summarize
 from engine.models.loaded import LoadedModel
-from engine.outputs import RequestHandle, RequestOutput
+from engine.outputs import RequestHandle, RequestOutput, TokenLogprob
 from engine.serving import ServingSide, ServingStats
 
 __all__ = [
@@ -22,5 +22,6 @@ __all__ = [
     "ServingSide",
     "ServingStats",
     "StepStats",
+    "TokenLogprob",
     "summarize",
 ]

@@ -22,6 +22,9 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> N
 
 
 GREEDY_EPS = 1e-5
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_PENALTY = 2.0  # OpenAI's range for presence_penalty / frequency_penalty: [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 SPECULATIVE_METHODS = ("ngram",)
 MAX_SPECULATIVE_TOKENS = 16
 MAX_PROMPT_LOOKUP = 16
@@ -100,9 +103,52 @@ class EngineConfig:
                           self.prompt_lookup_min, self.prompt_lookup_max)
 
 
+def _check_range(name: str, value: object, low: float, high: float) -> None:
+    if (not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value)
+            or not low <= value <= high):
+        raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value!r}")
+
+
+def _check_logprobs(name: str, value: object) -> None:
+    if value is not None:
+        _check_int(name, value, 0, MAX_LOGPROBS)
+
+
+def _check_logit_bias(bias: object) -> None:
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+    for token, value in bias.items():
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise ValueError(f"logit_bias: token ids must be integers >= 0, got {token!r}")
+        _check_range(f"logit_bias[{token}]", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+
+
+def check_vocab(params: SamplingParams, vocab_size: int) -> None:
+    """Raise `ValueError` naming the field when `params` names a token id past the
+    vocabulary (known only where the model is: each side's `check`)."""
+    for token in params.logit_bias:
+        if token >= vocab_size:
+            raise ValueError(f"logit_bias: token id {token} is out of range "
+                             f"(vocabulary of {vocab_size})")
+
+
 @dataclass
 class SamplingParams:
-    """How one request is sampled and when it stops. temperature 0 means greedy."""
+    """How one request is sampled and when it stops. temperature 0 means greedy.
+
+    As vLLM's sampler: logprobs come from the raw logits; then logit_bias, then the
+    repetition, frequency and presence penalties change the logits (greedy rows take
+    their argmax); sampled rows then apply temperature, min_p, top-k and top-p.
+
+    presence_penalty, frequency_penalty: subtracted once per token present in the output,
+        and once per occurrence there (OpenAI's definition).
+    repetition_penalty: divides a positive logit (multiplies a negative one) of every token
+        in the prompt or the output; 1 is off.
+    logit_bias: token id -> value added to its logit.
+    min_p: drop tokens whose probability is below min_p x the most likely token's.
+    logprobs: None for none; k for the chosen token's log-probability and the top k.
+    prompt_logprobs: the same for every prompt token (the first has none).
+    """
 
     max_tokens: int = 64
     temperature: float = 0.0
@@ -113,6 +159,13 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop_token_ids are not honoured before this many tokens
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_p: float = 0.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -134,9 +187,25 @@ class SamplingParams:
         if any(not isinstance(i, int) or i < 0 for i in self.stop_token_ids):
             raise ValueError("stop_token_ids must be a list of token ids >= 0")
         _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        _check_range("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+        _check_range("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+        r = self.repetition_penalty
+        if (not isinstance(r, int | float) or isinstance(r, bool) or not math.isfinite(r)
+                or r <= 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {r!r}")
+        _check_logit_bias(self.logit_bias)
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_logprobs("logprobs", self.logprobs)
+        _check_logprobs("prompt_logprobs", self.prompt_logprobs)
 
     @property
     def greedy(self) -> bool:
         """Temperature 0, or so close to it (< 1e-5, as vLLM) that dividing the logits by
         it would overflow: both sample the argmax."""
         return self.temperature < GREEDY_EPS
+
+    @property
+    def processes_logits(self) -> bool:
+        """logit_bias or a penalty is set: the logits change before greedy or sampling."""
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)

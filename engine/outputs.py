@@ -1,5 +1,6 @@
-"""What callers get back: `RequestOutput` and a streaming `RequestHandle`; and what
-happens when a token is sampled (`append_token`, `make_output`).
+"""What callers get back: `RequestOutput`, a streaming `RequestHandle` and the
+`TokenLogprob` entries of log-probabilities; and what happens when a token is sampled
+(`append_token`, `make_output`).
 
 Both the datacenter engine and the local PC return these types and share the token
 logic: append the token, time-stamp it, detokenize it, and decide whether the request
@@ -20,6 +21,16 @@ from engine.sequence import Sequence
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability under the raw distribution, its rank, and the top k."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1-based rank of token_id in the raw distribution (1 = argmax)
+    top: tuple[tuple[int, float], ...]  # the top-k (token id, logprob), best first
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -36,6 +47,8 @@ class RequestOutput:
     num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0  # drafts accepted
     max_tokens: int | None = None  # the request's `SamplingParams.max_tokens`
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, when asked
 
     @property
     def ttft(self) -> float | None:
@@ -54,13 +67,19 @@ class RequestHandle:
     """A submitted request: iterate for text deltas, `result()` for the final output.
 
     The engine thread feeds it; any number of consumer threads may hold handles.
+    `token_logprobs` is the sequence's own list of output-token log-probabilities (empty
+    when not asked): each token's entry is appended before its text and count are pushed,
+    so `token_logprobs[sent:num_tokens]` after a poll is complete.
     """
 
     def __init__(
-        self, request_id: str, prompt_token_ids: list[int], cancel: Callable[[str], None]
+        self, request_id: str, prompt_token_ids: list[int], cancel: Callable[[str], None],
+        token_logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
+        self.token_logprobs: list[TokenLogprob] = (
+            token_logprobs if token_logprobs is not None else [])
         self._cancel = cancel
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._done = threading.Event()
@@ -156,6 +175,7 @@ def make_output(
     emulated: str | None = None,
 ) -> RequestOutput:
     """The final `RequestOutput` of a finished request."""
+    p = seq.params
     return RequestOutput(
         request_id=seq.request_id,
         prompt_token_ids=seq.prompt_token_ids,
@@ -171,4 +191,6 @@ def make_output(
         num_draft_tokens=seq.num_draft_tokens,
         num_accepted_tokens=seq.num_accepted_tokens,
         max_tokens=seq.params.max_tokens,
+        logprobs=list(seq.logprobs) if p.logprobs is not None else None,
+        prompt_logprobs=list(seq.prompt_logprobs) if p.prompt_logprobs is not None else None,
     )

@@ -10,6 +10,19 @@ Flat batch layout for one step (T tokens)::
 Any entry with exactly one new token is attended as a decode row (its context is read
 from the cache), whatever phase its request is in.
 
+Logits rows. The LM head runs only on the rows whose logits are read: first every sampled
+row (`sampled`: their entry indices), then, for requests asking for prompt
+log-probabilities, every prompt position not recorded yet (`prompt`: (entry, position))::
+
+    logits_rows  [ sampled rows ... | prompt-logprob rows ... | bucket padding ]
+
+Position p's logits predict token p + 1, so a prompt's first token has no log-probability
+(`Sequence.prompt_logprobs[0]` is None) and its last position is the sampled row::
+
+    prompt   t0    t1      t2      t3    | o0 ...
+    logits   l0    l1      l2      l3
+    records  None  l0(t1)  l1(t2)  l2(t3)   l3 samples o0 (its logprob, if asked)
+
 Persistent inputs. Each running request keeps one row of `BlockTables` (a host array of
 block ids) from step to step; a step copies in only the blocks a request gained since its
 last one. The decode rows' slots and context lengths are then computed for all rows at
@@ -33,7 +46,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,7 +61,7 @@ from engine.models.attention import (
     gather_index,
 )
 from engine.models.llama import LlamaModel, ModelSpec
-from engine.sampler import greedy, sample
+from engine.sampler import greedy, process_logits, sample, token_logprobs
 from engine.sequence import Sequence
 
 GROUP_OVERHEAD = 24  # cost of one more decode group, in padded (request x block) units
@@ -172,6 +185,92 @@ class DecodeRows:
     context_lens: torch.Tensor  # [S] int32
     logits_rows: list[int]  # rows (0..S-1) to sample
     sampled: list[int]  # their entry indices
+    prompt_rows: list[int] = field(default_factory=list)  # rows giving prompt logprobs
+    prompt: list[tuple[int, int]] = field(default_factory=list)  # their (entry, position)
+
+
+@dataclass
+class StepInputs:
+    """One eager step's flat inputs (see the module's notes for the logits rows)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor
+    sampled: list[int]  # entry index of each sampled row
+    prompt: list[tuple[int, int]]  # (entry index, position) of each prompt-logprobs row
+
+
+def prompt_positions(seq: Sequence, start: int, end: int) -> range:
+    """Positions in [start, end) whose logits give a prompt token's log-probability that
+    is not recorded yet (position p predicts prompt token p + 1)."""
+    if not seq.wants_prompt_logits:
+        return range(0)
+    return range(max(start, len(seq.prompt_logprobs) - 1),
+                 min(end, len(seq.prompt_token_ids) - 1))
+
+
+def spec_offsets(seqs: list[Sequence]) -> list[int]:
+    """Each logits row's index within its request's rows: 0 for a plain request; 0..k for
+    one verifying k drafts (its rows are consecutive)."""
+    offsets, prev, j = [], None, 0
+    for s in seqs:
+        j = j + 1 if s is prev else 0
+        offsets.append(j)
+        prev = s
+    return offsets
+
+
+def record_sample_logprobs(
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    entries: list[int],
+    sampled: dict[int, int | list[int]],
+) -> None:
+    """Append to each asking sequence's `logprobs` the entries of the tokens sampled from
+    raw `logits` (row r belongs to `seqs[r]`, entry `entries[r]`; a verification's row j
+    gives its j-th verified token, and rows past them give none)."""
+    rows, tokens, ks, owners = [], [], [], []
+    for r, (seq, j) in enumerate(zip(seqs, spec_offsets(seqs), strict=True)):
+        k = seq.params.logprobs
+        if k is None:
+            continue
+        out = sampled[entries[r]]
+        if isinstance(out, list):
+            if j >= len(out):
+                continue
+            out = out[j]
+        rows.append(r)
+        tokens.append(out)
+        ks.append(k)
+        owners.append(seq)
+    if not rows:
+        return
+    index = torch.tensor(rows, device=logits.device)
+    for seq, lp in zip(
+        owners, token_logprobs(logits.index_select(0, index), tokens, ks), strict=True
+    ):
+        seq.logprobs.append(lp)
+
+
+def record_prompt_logprobs(logits: torch.Tensor, rows: list[tuple[Sequence, int]]) -> None:
+    """Append prompt token p + 1's entry to `seq.prompt_logprobs` for each (seq, p) of
+    `rows`, logits row r from position p of rows[r] (positions ascending per request)."""
+    tokens = [seq.prompt_token_ids[p + 1] for seq, p in rows]
+    ks = [seq.params.prompt_logprobs for seq, _ in rows]
+    for (seq, p), lp in zip(rows, token_logprobs(logits, tokens, ks), strict=True):
+        assert len(seq.prompt_logprobs) == p + 1, "prompt logprobs are recorded in order"
+        seq.prompt_logprobs.append(lp)
+
+
+def token_histories(seqs: list[Sequence]) -> list[tuple[list[int], list[int]]]:
+    """Each logits row's (prompt ids, output ids before it), for the penalties: a
+    verification's row j follows the request's output and its first j drafts."""
+    out = []
+    for seq, j in zip(seqs, spec_offsets(seqs), strict=True):
+        output = seq.output_token_ids
+        out.append((seq.prompt_token_ids, output + seq.spec_token_ids[:j] if j else output))
+    return out
 
 
 class ModelRunner:
@@ -247,6 +346,8 @@ class ModelRunner:
         bs, bt = self.block_size, self.tables
         row_of, table_of, copied = bt.row_of, bt.table_of, bt.copied
         rows, pos, ids, logits_rows, sampled = [], [], [], [], []
+        prompt_rows: list[int] = []
+        prompt: list[tuple[int, int]] = []
         for j, i in enumerate(decode):
             seq = entries[i][0]
             rid = seq.request_id
@@ -261,6 +362,9 @@ class ModelRunner:
             if p + 1 == seq.num_tokens:
                 logits_rows.append(j)
                 sampled.append(i)
+            elif prompt_positions(seq, p, p + 1):  # a one-token chunk of a prompt
+                prompt_rows.append(j)
+                prompt.append((i, p))
         # vectorised on the host in numpy (a small op costs ~1 us there, ~5 in torch)
         p_np = np.array(pos, dtype=np.int64)
         block = p_np // bs
@@ -268,15 +372,19 @@ class ModelRunner:
         slots = tables[np.arange(len(rows)), block].astype(np.int64) * bs + p_np % bs
         return DecodeRows(torch.tensor(ids), torch.from_numpy(p_np), torch.from_numpy(slots),
                           torch.from_numpy(tables), torch.from_numpy((p_np + 1).astype(np.int32)),
-                          logits_rows, sampled)
+                          logits_rows, sampled, prompt_rows, prompt)
 
     def prepare(
         self, entries: list[tuple[Sequence, int]], block_tables: dict[str, list[int]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[int]]:
-        """Build input ids, positions, attention metadata and the rows to sample (eager path).
+        """`prepare_inputs` as (input_ids, positions, meta, logits_rows, sampled)."""
+        s = self.prepare_inputs(entries, block_tables)
+        return s.input_ids, s.positions, s.meta, s.logits_rows, s.sampled
 
-        Returns (input_ids, positions, meta, logits_rows, sampled_entry_indices).
-        """
+    def prepare_inputs(
+        self, entries: list[tuple[Sequence, int]], block_tables: dict[str, list[int]]
+    ) -> StepInputs:
+        """Build input ids, positions, attention metadata and the logits rows (eager path)."""
         bs, dev = self.block_size, self.model.device
         decode = [i for i, (_, n) in enumerate(entries) if n == 1]
         prefill = [i for i, (_, n) in enumerate(entries) if n > 1]
@@ -284,6 +392,8 @@ class ModelRunner:
         parts_ids, parts_pos, parts_slots = [], [], []
         logits_rows: list[int] = []
         sampled: list[int] = []
+        prompt_rows: list[int] = []
+        prompt: list[tuple[int, int]] = []
         d: DecodeRows | None = None
         chunk_tables: list[list[int]] = []  # each prefill chunk's block table
         kernel_rows = self.paged_prefill and self.decode_kernel is not None
@@ -297,6 +407,8 @@ class ModelRunner:
             parts_slots.append(d.slots)
             logits_rows += d.logits_rows
             sampled += d.sampled
+            prompt_rows += d.prompt_rows
+            prompt += d.prompt
             if self.decode_kernel is not None:
                 meta.kernel_decode = KernelDecode(self.decode_kernel, d.tables.to(dev),
                                                   d.context_lens.to(dev))
@@ -325,6 +437,9 @@ class ModelRunner:
             if ctx == seq.num_tokens + len(drafts):  # sampled: every verified position
                 logits_rows.extend(range(row + n - 1 - len(drafts), row + n))
                 sampled.extend([i] * (len(drafts) + 1))
+            for p in prompt_positions(seq, start, start + n):
+                prompt_rows.append(row + p - start)
+                prompt.append((i, p))
             row += n
         if self.bucket_rows and (pad := row_bucket(row) - row):
             # padding rows: a request of their own attending only to itself, positions
@@ -340,12 +455,13 @@ class ModelRunner:
             parts_ids.append(torch.tensor(ids))
             parts_pos.append(torch.tensor(pos))
             parts_slots.append(torch.tensor(slots))
+        logits_rows += prompt_rows
         if self.bucket_rows and logits_rows:
-            # the LM head's rows too: repeat the last one (the caller keeps len(sampled))
+            # the LM head's rows too: repeat the last one (the caller keeps the rows it reads)
             logits_rows += logits_rows[-1:] * (row_bucket(len(logits_rows)) - len(logits_rows))
         meta.slot_mapping = _cat(parts_slots).to(dev)
-        return (_cat(parts_ids).to(dev), _cat(parts_pos).to(dev), meta,
-                torch.tensor(logits_rows, dtype=torch.long).to(dev), sampled)
+        return StepInputs(_cat(parts_ids).to(dev), _cat(parts_pos).to(dev), meta,
+                          torch.tensor(logits_rows, dtype=torch.long).to(dev), sampled, prompt)
 
     def _kernel_rows(self, meta: AttentionMetadata, d: DecodeRows | None,
                      chunk_tables: list[list[int]]) -> None:
@@ -436,7 +552,7 @@ class ModelRunner:
 
     def padded_step(self, d: DecodeRows) -> torch.Tensor:
         """Run decode rows as a padded batch (graph replay where captured); logits of
-        `d.logits_rows`."""
+        `d.logits_rows`, then of `d.prompt_rows`."""
         s = d.input_ids.shape[0]
         size = self.sizes[bisect.bisect_left(self.sizes, s)]
         graph = self.graphs.get(size)
@@ -449,7 +565,8 @@ class ModelRunner:
             logits = self._padded_forward(size, width)
         if len(d.logits_rows) == s:
             return logits[:s]
-        return logits[torch.tensor(d.logits_rows, device=logits.device)]
+        rows = d.logits_rows + d.prompt_rows
+        return logits[torch.tensor(rows, device=logits.device)]
 
     def capture_graphs(self) -> None:
         """Capture one CUDA graph per padded size, largest first, sharing one memory pool,
@@ -484,28 +601,52 @@ class ModelRunner:
     ) -> dict[int, int | list[int]]:
         """Run one step on the compute thread; map entry index -> sampled token for the
         requests whose last token was computed (for one verifying drafts: the accepted
-        drafts, then one sampled token)."""
+        drafts, then one sampled token). Log-probabilities asked for are recorded on the
+        sequences (`Sequence.logprobs`, `Sequence.prompt_logprobs`)."""
 
         def step() -> dict[int, int | list[int]]:
             if (self.padded_decode and self.sizes and len(entries) <= self.sizes[-1]
                     and all(n == 1 for _, n in entries)):
                 d = self.decode_rows(entries, list(range(len(entries))), block_tables)
-                logits, sampled = self.padded_step(d), d.sampled
+                logits, sampled, prompt = self.padded_step(d), d.sampled, d.prompt
             else:
-                ids, pos, meta, rows, sampled = self.prepare(entries, block_tables)
-                logits = self.model.forward(ids, pos, meta, self.kv_caches, rows)
-                logits = logits[: len(sampled)]  # rows past them pad a bucket
-            seqs = [entries[i][0] for i in sampled]
-            if self.speculative and any(s.spec_token_ids for s in seqs):
-                return speculative.verify_batch(logits.float(), entries, sampled, generators)
-            if any(not s.params.greedy for s in seqs):
-                gens = [generators.get(s.request_id) for s in seqs]
-                tokens = sample(logits.float(), [s.params for s in seqs], gens)
-            else:  # every request greedy: one argmax over the logits as they are
-                tokens = greedy(logits)
-            return dict(zip(sampled, tokens, strict=True))
+                s = self.prepare_inputs(entries, block_tables)
+                logits = self.model.forward(s.input_ids, s.positions, s.meta, self.kv_caches,
+                                            s.logits_rows)
+                sampled, prompt = s.sampled, s.prompt
+            n = len(sampled)  # logits rows: sampled, then prompt positions, then padding
+            if prompt:
+                record_prompt_logprobs(logits[n : n + len(prompt)],
+                                       [(entries[i][0], p) for i, p in prompt])
+            return self.sample_rows(logits[:n], entries, sampled, generators)
 
         return compute.run(step)
+
+    def sample_rows(
+        self, logits: torch.Tensor, entries: list[tuple[Sequence, int]], sampled: list[int],
+        generators: dict[str, torch.Generator | None],
+    ) -> dict[int, int | list[int]]:
+        """Tokens from the sampled rows' logits (row r: entry `sampled[r]`), and their
+        log-probabilities where asked. A batch with no logit_bias, penalty or logprobs
+        takes the plain path: the greedy argmax reads the logits as they are."""
+        seqs = [entries[i][0] for i in sampled]
+        params = [s.params for s in seqs]
+        raw = logits
+        extra = any(p.logprobs is not None or p.processes_logits for p in params)
+        if extra and any(p.processes_logits for p in params):
+            logits = process_logits(logits.float(), params, token_histories(seqs))
+        if self.speculative and any(s.spec_token_ids for s in seqs):
+            out = speculative.verify_batch(logits.float(), entries, sampled, generators)
+        else:
+            if any(not p.greedy for p in params):
+                gens = [generators.get(s.request_id) for s in seqs]
+                tokens = sample(logits.float(), params, gens)
+            else:  # every request greedy: one argmax over the logits as they are
+                tokens = greedy(logits)
+            out = dict(zip(sampled, tokens, strict=True))
+        if extra:
+            record_sample_logprobs(raw, seqs, sampled, out)
+        return out
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -1,10 +1,28 @@
 """Token sampling for a whole batch on the logits' device, with per-request parameters.
 
+The order is vLLM V1's sampler's::
+
+    raw logits -> (logprobs, engine/logprobs.py)
+               -> logit_bias -> repetition, frequency, presence penalties   `process_logits`
+               -> greedy rows: argmax
+               -> sampled rows: temperature -> min_p -> top-k -> top-p      `filter_batch`
+                                -> exponential race                          `sample`
+
 Greedy rows take one batched argmax (`greedy`: in place on a CPU's bfloat16 logits).
-Sampled rows apply temperature, top-k and top-p as tensor ops over all of them at once,
-then draw by the exponential race (argmax of probs / E with E ~ Exp(1), which picks token
-i with probability probs[i]). The only device->host copy is the final `.tolist()` of the
-chosen ids.
+Sampled rows apply temperature, min_p, top-k and top-p as tensor ops over all of them at
+once, then draw by the exponential race (argmax of probs / E with E ~ Exp(1), which picks
+token i with probability probs[i]). The only device->host copy is the final `.tolist()` of
+the chosen ids. A batch where no row sets logit_bias or a penalty skips
+`process_logits` entirely, and one without min_p skips that step.
+
+Log-probabilities (`token_logprobs`) come from the raw logits, vLLM's default
+`logprobs_mode` "raw_logprobs": a float32 log_softmax before logit_bias, penalties,
+temperature or any filter, so they describe the model, not the sampling settings. Only
+rows that asked for them pay for the log_softmax.
+
+Penalties count tokens as vLLM does: each row's token ids are padded into one [R, L]
+tensor (the pad id is `vocab`, one spare column) and `scatter_add`ed into [R, vocab + 1]
+counts, so no Python loop runs over the vocabulary.
 
 Reproducibility: each sampled request keeps its own CPU `torch.Generator` (seeded when
 the request gives a seed). For every token it draws one 63-bit number from it (a CPU op,
@@ -19,6 +37,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.models import native
+from engine.outputs import TokenLogprob
 
 
 def greedy(logits: torch.Tensor) -> list[int]:
@@ -50,11 +69,13 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def filter_batch(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Temperature, then top-k, then top-p on [R, vocab] float32 logits, one params per
-    row, as tensor ops for all rows at once; filtered-out tokens get -inf."""
+    """Temperature, then min_p, then top-k, then top-p on [R, vocab] float32 logits, one
+    params per row, as tensor ops for all rows at once; filtered-out tokens get -inf."""
     dev, vocab = logits.device, logits.shape[-1]
     temps = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
     x = logits / temps[:, None]
+    if any(p.min_p > 0 for p in params):
+        x = apply_min_p(x, torch.tensor([p.min_p for p in params], device=dev))
     if all(not (0 < p.top_k < vocab) and p.top_p >= 1.0 for p in params):
         return x
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params],
@@ -69,6 +90,103 @@ def filter_batch(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     drop = probs.cumsum(-1) - probs >= top_p[:, None]
     ranked = ranked.masked_fill(drop, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, ranked)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop (to -inf) each row's tokens whose probability is below min_p[row] x the row's
+    largest probability; min_p 0 keeps every token."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+# ---- logit_bias and penalties (they change greedy choices too) -----------------------------
+def process_logits(logits: torch.Tensor, params: list[SamplingParams],
+                   histories: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+    """logit_bias, then the repetition, frequency and presence penalties, on [R, vocab]
+    float32 logits; `histories[r]` is row r's (prompt ids, output ids so far). Only the
+    rows that set one of them are computed; the others come back as they are."""
+    rows = [i for i, p in enumerate(params) if p.processes_logits]
+    if not rows:
+        return logits
+    index = torch.tensor(rows, device=logits.device)
+    x = logits.index_select(0, index)
+    sub = [params[i] for i in rows]
+    x = apply_logit_bias(x, sub)
+    x = apply_penalties(x, sub, [histories[i] for i in rows])
+    return logits.index_copy(0, index, x)
+
+
+def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Add each row's logit_bias values to its tokens' logits (one indexed add)."""
+    rows, tokens, values = [], [], []
+    for r, p in enumerate(params):
+        rows += [r] * len(p.logit_bias)
+        tokens += p.logit_bias.keys()
+        values += p.logit_bias.values()
+    if not rows:
+        return logits
+    dev = logits.device
+    index = (torch.tensor(rows, device=dev), torch.tensor(tokens, device=dev))
+    return logits.index_put(index, torch.tensor(values, dtype=logits.dtype, device=dev),
+                            accumulate=True)
+
+
+def token_counts(token_ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[R, vocab] int64: how often each token occurs in each row's `token_ids`."""
+    width = max(map(len, token_ids), default=0)
+    padded = torch.full((len(token_ids), width), vocab, dtype=torch.long)
+    for r, ids in enumerate(token_ids):
+        padded[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    padded = padded.to(device)
+    counts = torch.zeros(len(token_ids), vocab + 1, dtype=torch.long, device=device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded))
+    return counts[:, :vocab]
+
+
+def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
+                    histories: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+    """vLLM's penalties: repetition on tokens of the prompt or the output (a positive logit
+    divided by it, a negative one multiplied), then frequency x count and presence x
+    (count > 0) subtracted for tokens of the output."""
+    dev, vocab = logits.device, logits.shape[-1]
+    output_counts = token_counts([h[1] for h in histories], vocab, dev)
+    output_mask = output_counts > 0
+    if any(p.repetition_penalty != 1.0 for p in params):
+        # a row without a repetition penalty needs no prompt counts
+        prompts = [h[0] if p.repetition_penalty != 1.0 else []
+                   for p, h in zip(params, histories, strict=True)]
+        seen = (token_counts(prompts, vocab, dev) > 0) | output_mask
+        rep = torch.tensor([p.repetition_penalty for p in params], device=dev)
+        scale = torch.where(seen, rep[:, None], 1.0)
+        logits = torch.where(logits > 0, logits / scale, logits * scale)
+    freq = torch.tensor([p.frequency_penalty for p in params], device=dev)
+    presence = torch.tensor([p.presence_penalty for p in params], device=dev)
+    return logits - freq[:, None] * output_counts - presence[:, None] * output_mask
+
+
+# ---- log-probabilities ---------------------------------------------------------------------
+def token_logprobs(
+    logits: torch.Tensor, token_ids: list[int], num_logprobs: list[int]
+) -> list[TokenLogprob]:
+    """Row r's `TokenLogprob` of `token_ids[r]` with its top `num_logprobs[r]`, from raw
+    logits [R, vocab] (any float dtype, computed in float32 on their device)."""
+    if not token_ids:
+        return []
+    dev = logits.device
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(token_ids, device=dev)[:, None])
+    # vLLM's rank: tokens at least as likely as the chosen one (ties rank it lower)
+    ranks = (lp >= chosen).sum(dim=-1).tolist()
+    k = max(num_logprobs)
+    top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+    return [
+        TokenLogprob(t, c, rank, tuple(zip(top_ids[r][:n], top_lp[r][:n], strict=True)))
+        for r, (t, c, rank, n) in enumerate(
+            zip(token_ids, chosen[:, 0].tolist(), ranks, num_logprobs, strict=True)
+        )
+    ]
 
 
 _device_generators: dict[torch.device, torch.Generator] = {}

@@ -5,7 +5,8 @@ first, in arrival order (decode: one token; unfinished prefill: a chunk), then w
 requests are admitted FCFS while budget, `max_num_seqs` and free blocks allow. A long
 prompt is prefilled in chunks across steps while others keep decoding. When blocks run
 out, the newest running request is preempted: its blocks are freed and it goes back to
-the front of the queue, to be recomputed later (its prefix may still be cached).
+the front of the queue, to be recomputed later (its prefix may still be cached). A request that asks for its
+prompt's log-probabilities takes no prefix-cache hit (cached tokens have no logits).
 
 With speculative decoding a decoding request also brings its drafts (`spec_token_ids`):
 they take budget and blocks like prompt tokens, are trimmed to what the budget leaves,
@@ -114,7 +115,10 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits: list[int] = []
-            if seq.num_computed_tokens == 0:
+            # cached tokens have no logits: one that needs its prompt's skips the prefix
+            # cache (vLLM's skip_reading_prefix_cache), uncounted in its queries
+            lookup = not seq.wants_prompt_logits
+            if lookup and seq.num_computed_tokens == 0:
                 hits = self.kv.find_cached_prefix(seq.token_ids)
             num_cached = len(hits) * self.kv.block_size
             n = min(seq.num_tokens - num_cached, budget)
@@ -123,7 +127,8 @@ class Scheduler:
                 n = cap
             if not self.kv.allocate(seq.request_id, num_cached + n, hits):
                 break
-            self.kv.record_prefix_lookup(seq.num_tokens, num_cached)
+            if lookup:
+                self.kv.record_prefix_lookup(seq.num_tokens, num_cached)
             self.waiting.popleft()
             seq.num_computed_tokens = num_cached
             seq.num_cached_tokens = num_cached

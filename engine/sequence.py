@@ -9,15 +9,24 @@ Speculative decoding adds `spec_token_ids`: drafts proposed for the positions af
 last token, computed in the same step as it (their K/V written past `num_tokens`) and
 verified there; only accepted ones join `output_token_ids`, and `num_computed_tokens`
 counts only verified tokens.
+
+Log-probabilities, where the params ask for them, are recorded by the model runner as it
+computes them: `logprobs` one per output token, `prompt_logprobs` one per prompt token
+(the first None, set at creation; the list's length says which prompt tokens are done,
+so a recompute after preemption records none twice).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.config import SamplingParams
 from engine.metrics import RequestMetrics
+
+if TYPE_CHECKING:
+    from engine.outputs import TokenLogprob
 
 
 class Status(enum.Enum):
@@ -44,7 +53,20 @@ class Sequence:
     num_drafts: int = 0  # steps that verified drafts of this request
     num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0  # of those, accepted
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None and not self.prompt_logprobs:
+            self.prompt_logprobs.append(None)  # the first prompt token: nothing predicts it
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Prompt log-probabilities are asked for and some are not recorded yet: its prefill
+        needs the logits of every prompt position (so it takes no prefix-cache hit)."""
+        return (self.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < len(self.prompt_token_ids))
 
     @property
     def num_tokens(self) -> int:

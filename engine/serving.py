@@ -19,7 +19,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.config import SamplingParams
+from engine.config import SamplingParams, check_vocab
 from engine.core import Request, StepStats
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import KVCacheStats
@@ -165,6 +165,7 @@ class ServingBase:
         """The prompt's token ids, if this side can serve it with `params`; else
         `ValueError` naming the limit."""
         token_ids = self.loaded.encode(prompt)
+        check_vocab(params, self.loaded.model.spec.vocab_size)
         self._check_fits(token_ids, params)
         return token_ids
 
@@ -184,7 +185,8 @@ class ServingBase:
             now = time.monotonic()
             for seq in seqs:
                 seq.metrics.arrival_time = now
-                h = RequestHandle(seq.request_id, seq.prompt_token_ids, self.cancel)
+                h = RequestHandle(seq.request_id, seq.prompt_token_ids, self.cancel,
+                                  token_logprobs=seq.logprobs)
                 detok = IncrementalDetokenizer(self.loaded.tokenizer, seq.params.stop)
                 self._enqueue(Request(seq, detok, make_generator(seq.params), h))
                 handles.append(h)

@@ -240,6 +240,8 @@ def append_verified(
         if reason:
             break
     seq.num_computed_tokens = min(verified, seq.num_tokens)
+    if len(seq.logprobs) > len(seq.output_token_ids):  # tokens past a finish: not kept
+        del seq.logprobs[len(seq.output_token_ids) :]
     return reason
 
 

@@ -59,8 +59,10 @@ def make_core(num_blocks: int, block_size: int, max_num_seqs: int = 4, budget: i
                       FakeTokenizer(), frozenset({EOS}), max_model_len=10_000)
 
 
-def add(core: EngineCore, rid: str, prompt: list[int], max_tokens: int = 4) -> Request:
-    seq = Sequence(rid, prompt, SamplingParams(max_tokens=max_tokens), RequestMetrics(0.0))
+def add(core: EngineCore, rid: str, prompt: list[int], max_tokens: int = 4,
+        **params) -> Request:
+    seq = Sequence(rid, prompt, SamplingParams(max_tokens=max_tokens, **params),
+                   RequestMetrics(0.0))
     request = Request(seq, IncrementalDetokenizer(core.tokenizer))
     core.add(request)
     return request
@@ -129,6 +131,37 @@ def test_preempts_the_newest_when_blocks_run_out():
     assert b_.status is Status.WAITING and b_.num_computed_tokens == 0
     assert core.scheduler.waiting[0] is b_
     assert "b" not in core.kv.block_tables and a.status is Status.RUNNING
+    check_invariants(core.kv)
+
+
+def test_a_request_asking_for_prompt_logprobs_takes_no_prefix_hit_but_caches():
+    core = make_core(num_blocks=20, block_size=4)
+    prompt = list(range(10, 23))  # 13 tokens: 3 full blocks
+    add(core, "a", prompt, 1)
+    core.step()  # "a" ends; its full blocks stay cached
+    b_ = add(core, "b", prompt, 1, prompt_logprobs=1).seq
+    queries = core.kv.prefix_queries
+    batch = core.schedule()
+    assert entries(batch) == [("b", 13)] and b_.num_cached_tokens == 0
+    assert core.kv.prefix_queries == queries  # a skipped lookup is not a query
+    core.update(batch, core.execute(batch))
+    c = add(core, "c", prompt, 1).seq
+    core.schedule()
+    assert c.num_cached_tokens == 12  # others still hit the blocks
+    check_invariants(core.kv)
+
+
+def test_requests_with_sampling_extras_are_preempted_and_aborted_without_leaks():
+    core = make_core(num_blocks=5, block_size=2)
+    extras = dict(prompt_logprobs=2, logprobs=2, presence_penalty=1.0, logit_bias={3: 5.0})
+    add(core, "a", [1, 3, 4, 5], 10, **extras)
+    b_ = add(core, "b", [5, 6, 7, 8], 10, **extras).seq
+    core.step()
+    assert core.schedule().num_preempted == 1 and b_.status is Status.WAITING
+    check_invariants(core.kv)
+    assert core.abort("a").output.finish_reason == "cancelled"
+    assert core.abort("b").output.prompt_logprobs == [None]  # the stand-in records none
+    assert core.kv.stats().used_blocks == 0
     check_invariants(core.kv)
 
 
