@@ -69,17 +69,21 @@ class RequestHandle:
     The engine thread feeds it; any number of consumer threads may hold handles.
     `token_logprobs` is the sequence's own list of output-token log-probabilities (empty
     when not asked): each token's entry is appended before its text and count are pushed,
-    so `token_logprobs[sent:num_tokens]` after a poll is complete.
+    so `token_logprobs[sent:num_tokens]` after a poll is complete. `prompt_logprobs` is the
+    sequence's list for the prompt's tokens (None when not asked), complete by the time
+    the first token is pushed.
     """
 
     def __init__(
         self, request_id: str, prompt_token_ids: list[int], cancel: Callable[[str], None],
         token_logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.token_logprobs: list[TokenLogprob] = (
             token_logprobs if token_logprobs is not None else [])
+        self.prompt_logprobs = prompt_logprobs
         self._cancel = cancel
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._done = threading.Event()

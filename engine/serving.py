@@ -185,8 +185,10 @@ class ServingBase:
             now = time.monotonic()
             for seq in seqs:
                 seq.metrics.arrival_time = now
+                asked = seq.params.prompt_logprobs is not None
                 h = RequestHandle(seq.request_id, seq.prompt_token_ids, self.cancel,
-                                  token_logprobs=seq.logprobs)
+                                  token_logprobs=seq.logprobs,
+                                  prompt_logprobs=seq.prompt_logprobs if asked else None)
                 detok = IncrementalDetokenizer(self.loaded.tokenizer, seq.params.stop)
                 self._enqueue(Request(seq, detok, make_generator(seq.params), h))
                 handles.append(h)

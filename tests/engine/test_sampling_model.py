@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from kv_checks import check_invariants
+from sampling_ref import reference_process
 
 from engine import Engine, EngineConfig, SamplingParams, TokenLogprob
 from engine.local import LocalPC
 from tests.conftest import hf_greedy
-from tests.engine.sampling_ref import reference_process
 
 pytestmark = pytest.mark.model
 

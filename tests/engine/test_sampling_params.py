@@ -1,5 +1,5 @@
 """logit_bias, penalties, min_p and logprobs without a model: the batched sampler equals a
-plain per-row reference (tests/engine/sampling_ref.py) on random mixed batches."""
+plain per-row reference (tests/sampling_ref.py) on random mixed batches."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sampling_ref import (
+    reference_draw,
+    reference_filter,
+    reference_penalize,
+    reference_process,
+)
 
 from engine.config import SamplingParams, check_vocab
 from engine.metrics import RequestMetrics
 from engine.runner import ModelRunner, token_histories
 from engine.sampler import filter_batch, make_generator, process_logits, sample, token_logprobs
 from engine.sequence import Sequence
-from tests.engine.sampling_ref import (
-    reference_draw,
-    reference_filter,
-    reference_penalize,
-    reference_process,
-)
 
 VOCAB = 64
 
