@@ -1,14 +1,20 @@
 """The OpenAI wire format as pure functions: request bodies of /v1/completions and
-/v1/chat/completions -> a prompt and `SamplingParams`; the response objects, whole and as
-server-sent-event chunks. No web framework and no engine here, so all of it is tested
-without a server.
+/v1/chat/completions -> prompts and `SamplingParams`; the response objects, whole and as
+server-sent-event chunks, with log-probabilities in OpenAI's two shapes. No web framework
+and no engine here, so all of it is tested without a server.
 
-Accepted fields: `model`, `prompt` (completions: text or token ids) / `messages` (chat),
-`max_tokens` (chat: `max_completion_tokens` too, and it wins), `temperature`, `top_p`,
-`top_k`, `seed`, `stop` (a string or a list), `n` (1 only), `stream`,
-`stream_options.include_usage`, and vLLM's extensions `ignore_eos`, `min_tokens` and
-`stop_token_ids`. Any other field is ignored, as OpenAI-compatible servers do; a wrong type
-or a bad value is an `APIError` 400 whose `param` names the field.
+Accepted fields, as vLLM's OpenAI server has them: `model`, `prompt` (completions: text,
+token ids, or a list of either: one request each) / `messages` (chat), `max_tokens`
+(chat: `max_completion_tokens` too, and it wins), `temperature`, `top_p`, `top_k`,
+`min_p`, `seed`, `stop` (a string or a list), `presence_penalty`, `frequency_penalty`,
+`repetition_penalty`, `logit_bias`, `logprobs` (completions: how many top tokens; chat:
+true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 only),
+`stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`, `min_tokens` and
+`stop_token_ids`. A field OpenAI or vLLM defines that this server does not implement
+(`UNSUPPORTED`: tools, a `response_format` other than text, `suffix`, beam search, guided
+decoding...) is a 400 naming it when it asks for anything but the default; any other
+unknown field is ignored, as vLLM does. A wrong type or a bad value is an `APIError` 400
+whose `param` names the field; body errors come before an unknown model's 404, as vLLM's.
 
 Default `max_tokens`: 16 for completions, as OpenAI's. For chat, vLLM's default is the
 rest of the context; here it is `CHAT_DEFAULT_MAX_TOKENS` (256), because a small model left
@@ -30,12 +36,16 @@ import re
 import reprlib
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import GREEDY_EPS, SamplingParams
 from engine.models.loaded import Prompt
 from server.errors import APIError, bad_request, error_body
+
+if TYPE_CHECKING:
+    from engine import TokenLogprob
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 CHAT_DEFAULT_MAX_TOKENS = 256
@@ -49,23 +59,39 @@ _SHOWN.maxlist = _SHOWN.maxdict = 4
 Body = dict[str, Any]
 
 
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_PROMPTS = 64  # prompts in one /v1/completions request
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A validated request: what to submit to the engine and how to answer it."""
+    """A validated request: what to submit to the engine and how to answer it. `prompts`
+    holds one prompt, or a completions request's list (one engine request each)."""
 
-    prompt: Prompt
+    prompts: tuple[Prompt, ...]
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
     n: int = 1
     chat: bool = False
     max_tokens_param: str | None = None  # the field max_tokens came from; None: the default
+    echo: bool = False  # completions: the prompt's text before the answer
+    show_prompt_logprobs: bool = False  # vLLM's `prompt_logprobs` field was sent
 
-    def error(self, message: str) -> APIError:
+    @property
+    def prompt(self) -> Prompt:
+        """The first prompt (the only one but for a completions list)."""
+        return self.prompts[0]
+
+    def error(self, message: str, index: int | None = None) -> APIError:
         """A 400 for an engine `ValueError` about this request ("prompt: ...",
         "max_tokens must ..."), naming the field as the client named it: `messages` for a
-        chat's prompt, `max_completion_tokens` when max_tokens came from that field."""
-        return engine_error(message, chat=self.chat, max_tokens_param=self.max_tokens_param)
+        chat's prompt, `max_completion_tokens` when max_tokens came from that field;
+        `index`: which prompt of a list it is about."""
+        err = engine_error(message, chat=self.chat, max_tokens_param=self.max_tokens_param)
+        if index is not None and len(self.prompts) > 1 and err.param == "prompt":
+            return bad_request(f"prompt[{index}]" + err.message[len("prompt"):], "prompt")
+        return err
 
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -80,6 +106,8 @@ def engine_error(message: str, *, chat: bool, max_tokens_param: str | None) -> A
         param: str | None = "messages" if chat else "prompt"
     elif word == "max_tokens":
         param = max_tokens_param or "max_tokens"
+    elif word == "logprobs" and chat:
+        param = "top_logprobs"
     else:
         param = word if word in SAMPLING_FIELDS else None
     if param is not None and param != word:
@@ -87,19 +115,84 @@ def engine_error(message: str, *, chat: bool, max_tokens_param: str | None) -> A
     return bad_request(message, param)
 
 
+# ---- what is not implemented ------------------------------------------------------------
+def _absent(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == {}
+
+
+def _text_format(value: Any) -> bool:
+    return _absent(value) or (isinstance(value, dict) and value.get("type") == "text")
+
+
+# field -> (whether a value asks for nothing this server lacks, what is missing), for the
+# fields OpenAI or vLLM defines and this server does not implement
+UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "tools": (_absent, "tool calling is not supported here"),
+    "tool_choice": (lambda v: _absent(v) or v == "none", "tool calling is not supported here"),
+    "functions": (_absent, "function calling is not supported here"),
+    "function_call": (lambda v: _absent(v) or v == "none", "function calling is not supported here"),
+    "response_format": (_text_format, "only the text response format is supported here"),
+    "suffix": (lambda v: _absent(v) or v == "", "suffix (insertion) is not supported here"),
+    "best_of": (lambda v: v is None or v == 1, "best_of other than 1 is not supported here"),
+    "use_beam_search": (_absent, "beam search is not supported here"),
+    "length_penalty": (lambda v: v is None or v == 1, "length_penalty needs beam search, "
+                       "which is not supported here"),
+    "structured_outputs": (_absent, "structured outputs are not supported here"),
+    "guided_json": (_absent, "guided decoding is not supported here"),
+    "guided_regex": (_absent, "guided decoding is not supported here"),
+    "guided_choice": (_absent, "guided decoding is not supported here"),
+    "guided_grammar": (_absent, "guided decoding is not supported here"),
+    "allowed_token_ids": (_absent, "allowed_token_ids is not supported here"),
+    "bad_words": (_absent, "bad_words is not supported here"),
+    "include_stop_str_in_output": (_absent, "include_stop_str_in_output is not supported here"),
+    "skip_special_tokens": (lambda v: v is None or v is True,
+                            "special tokens are always skipped here"),
+    "truncate_prompt_tokens": (_absent, "truncate_prompt_tokens is not supported here"),
+    "return_tokens_as_token_ids": (_absent, "return_tokens_as_token_ids is not supported here"),
+    "prompt_embeds": (_absent, "prompt_embeds is not supported here"),
+    "audio": (_absent, "audio output is not supported here"),
+    "modalities": (lambda v: _absent(v) or v == ["text"], "only text output is supported here"),
+    "prediction": (_absent, "predicted outputs are not supported here"),
+    "web_search_options": (_absent, "web search is not supported here"),
+}
+CHAT_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "echo": (_absent, "only /v1/completions takes echo"),
+    "continue_final_message": (_absent, "continue_final_message is not supported here"),
+    "add_generation_prompt": (lambda v: v is None or v is True,
+                              "the generation prompt is always added here"),
+}
+
+
+def check_supported(body: Body, chat: bool) -> None:
+    """A 400 naming the first field that asks for something not implemented here."""
+    tables = (UNSUPPORTED, CHAT_UNSUPPORTED) if chat else (UNSUPPORTED,)
+    for table in tables:
+        for name, (fine, why) in table.items():
+            if name in body and not fine(body[name]):
+                raise bad_request(f"{name}: {why} (got {shown(body[name])})", name)
+    options = body.get("stream_options")
+    if isinstance(options, dict) and not _absent(options.get("continuous_usage_stats")):
+        raise bad_request("stream_options.continuous_usage_stats: usage is sent in the "
+                          "closing chunk only", "stream_options.continuous_usage_stats")
+
+
 # ---- request bodies ------------------------------------------------------------------
 def parse_completion(body: Body, model_name: str) -> GenerationRequest:
     """Validate a /v1/completions body (already parsed from JSON)."""
+    check_supported(body, chat=False)
+    req = _request(body, _completion_prompts(body.get("prompt")), chat=False,
+                   max_tokens_fields=("max_tokens",))
     check_model(body, model_name)
-    return _request(body, _completion_prompt(body.get("prompt")), chat=False,
-                    max_tokens_fields=("max_tokens",))
+    return req
 
 
 def parse_chat(body: Body, model_name: str) -> GenerationRequest:
     """Validate a /v1/chat/completions body (already parsed from JSON)."""
+    check_supported(body, chat=True)
+    req = _request(body, (parse_messages(body.get("messages")),), chat=True,
+                   max_tokens_fields=("max_completion_tokens", "max_tokens"))
     check_model(body, model_name)
-    return _request(body, _messages(body.get("messages")), chat=True,
-                    max_tokens_fields=("max_completion_tokens", "max_tokens"))
+    return req
 
 
 def check_model(body: Body, model_name: str) -> None:
@@ -129,7 +222,7 @@ def fit_default_max_tokens(req: GenerationRequest, prompt_tokens: int,
     return dataclasses.replace(req, params=params)
 
 
-def _request(body: Body, prompt: Prompt, *, chat: bool,
+def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
              max_tokens_fields: tuple[str, ...]) -> GenerationRequest:
     n = _int(body, "n", 1)
     if n != 1:
@@ -147,23 +240,69 @@ def _request(body: Body, prompt: Prompt, *, chat: bool,
                   else max(default, min_tokens))
     top_k = _int(body, "top_k", 0)
     temperature = _number(body, "temperature", 1.0)
+    echo = False if chat else _bool(body, "echo", False)
+    logprobs = _chat_logprobs(body) if chat else _int(body, "logprobs", None)
+    prompt_logprobs = _int(body, "prompt_logprobs", None)
+    if echo and logprobs is not None:  # the prompt's tokens come with theirs too
+        prompt_logprobs = max(prompt_logprobs or 0, logprobs)
     fields = {
         "max_tokens": max_tokens,
         "temperature": 0.0 if 0 <= temperature < GREEDY_EPS else temperature,
         "top_p": _number(body, "top_p", 1.0),
         "top_k": 0 if top_k == -1 else top_k,  # vLLM's -1: no top-k
+        "min_p": _number(body, "min_p", 0.0),
         "seed": _int(body, "seed", None),
         "stop": _stop(body.get("stop")),
         "stop_token_ids": _int_list(body, "stop_token_ids"),
         "ignore_eos": _bool(body, "ignore_eos", False),
         "min_tokens": min_tokens,
+        "presence_penalty": _number(body, "presence_penalty", 0.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0),
+        "logit_bias": _logit_bias(body.get("logit_bias")),
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
     }
     try:
         params = SamplingParams(**fields)
     except ValueError as exc:
         raise engine_error(str(exc), chat=chat, max_tokens_param=max_tokens_param) from None
-    return GenerationRequest(prompt, params, stream=stream, include_usage=include_usage,
-                             n=n, chat=chat, max_tokens_param=max_tokens_param)
+    return GenerationRequest(prompts, params, stream=stream, include_usage=include_usage,
+                             n=n, chat=chat, max_tokens_param=max_tokens_param, echo=echo,
+                             show_prompt_logprobs=body.get("prompt_logprobs") is not None)
+
+
+def _chat_logprobs(body: Body) -> int | None:
+    """Chat's `logprobs` (true/false) and `top_logprobs` as the engine's count."""
+    wanted = _bool(body, "logprobs", False)
+    top = _int(body, "top_logprobs", None)
+    if top is not None and not wanted:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise bad_request(f"top_logprobs must be >= 0 and <= {MAX_LOGPROBS}, got {top}",
+                          "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's {"token id": bias} (keys are strings in JSON) as {id: bias}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"logit_bias must be an object of token id -> bias, got "
+                          f"{shown(value)}", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad_request(f"logit_bias: {shown(key)} is not a token id",
+                              "logit_bias") from None
+        if not isinstance(bias, int | float) or isinstance(bias, bool):
+            raise bad_request(f"logit_bias: the bias of token {token} must be a number, got "
+                              f"{shown(bias)}", "logit_bias")
+        out[token] = float(bias)
+    return out
 
 
 def shown(value: Any) -> str:
@@ -171,7 +310,7 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
-def _check_unicode(text: str, param: str) -> str:
+def check_unicode(text: str, param: str) -> str:
     """`text` if it is valid Unicode; else a 400: JSON's \\ud800 escapes decode to lone
     surrogates, which no tokenizer or UTF-8 encoder takes."""
     if _SURROGATE.search(text):
@@ -180,28 +319,35 @@ def _check_unicode(text: str, param: str) -> str:
     return text
 
 
-def _completion_prompt(prompt: Any) -> Prompt:
-    """Text or token ids; a list holding one of those is taken as that one prompt."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+def _completion_prompts(prompt: Any) -> tuple[Prompt, ...]:
+    """Text, token ids, or a list of either (each its own request)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(f"prompt: at most {MAX_PROMPTS} prompts in one request, got "
+                              f"{len(prompt)}", "prompt")
+        return tuple(_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt))
+    return (_one_prompt(prompt, "prompt"),)
+
+
+def _one_prompt(prompt: Any, name: str) -> Prompt:
     if prompt is None:
         raise bad_request("prompt is required", "prompt")
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise bad_request("prompt must not be empty", "prompt")
-        return _check_unicode(prompt, "prompt")
+            raise bad_request(f"{name} must not be empty", "prompt")
+        return check_unicode(prompt, "prompt")
     if isinstance(prompt, list):
         if not prompt:
-            raise bad_request("prompt must not be empty", "prompt")
+            raise bad_request(f"{name} must not be empty", "prompt")
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
-        if all(isinstance(p, str | list) for p in prompt):
-            raise bad_request(f"prompt: one prompt per request (got {len(prompt)})", "prompt")
-    raise bad_request("prompt must be a string or a list of token ids", "prompt")
+    raise bad_request(f"{name} must be a string or a list of token ids "
+                      "(or prompt a list of those)", "prompt")
 
 
-def _messages(messages: Any) -> list[dict[str, str]]:
-    """Chat messages as {"role", "content"} with text content (text parts are joined)."""
+def parse_messages(messages: Any) -> list[dict[str, str]]:
+    """Chat messages as {"role", "content"} with text content (text parts are joined);
+    a 400 naming `messages` otherwise."""
     if messages is None:
         raise bad_request("messages is required", "messages")
     if not isinstance(messages, list):
@@ -213,8 +359,8 @@ def _messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string role",
                               "messages")
-        out.append({"role": _check_unicode(m["role"], "messages"),
-                    "content": _check_unicode(_content(m.get("content"), i), "messages")})
+        out.append({"role": check_unicode(m["role"], "messages"),
+                    "content": check_unicode(_content(m.get("content"), i), "messages")})
     if not any(m["content"].strip() for m in out):
         raise bad_request("messages must not be empty (every content is blank)", "messages")
     return out
@@ -256,6 +402,23 @@ def _number(body: Body, name: str, default: float) -> float:
     return float(value)
 
 
+def flag(body: Body, name: str, default: bool) -> bool:
+    """A true/false field of `body` (`default` when absent); a 400 naming it otherwise."""
+    return _bool(body, name, default)
+
+
+def token_ids(body: Body, name: str, vocab_size: int) -> list[int]:
+    """A required list of token ids in [0, vocab_size); a 400 naming `name` otherwise."""
+    if body.get(name) is None:
+        raise bad_request(f"{name} is required", name)
+    ids = _int_list(body, name)
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{name}: token id {bad} is out of range (vocabulary of "
+                          f"{vocab_size})", name)
+    return ids
+
+
 def _bool(body: Body, name: str, default: bool, param: str | None = None) -> bool:
     value = body.get(name)
     if value is None:
@@ -273,7 +436,7 @@ def _stop(stop: Any) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise bad_request("stop must be a non-empty string or a list of them", "stop")
-    return [_check_unicode(s, "stop") for s in stop]
+    return [check_unicode(s, "stop") for s in stop]
 
 
 def _int_list(body: Body, name: str) -> list[int]:
@@ -316,21 +479,34 @@ class Reply:
             obj = "chat.completion.chunk" if chunk else "chat.completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish_reason: str, usage: dict[str, Any]) -> dict[str, Any]:
-        """The non-streaming response."""
-        choice: dict[str, Any] = {"index": 0}
+    def choice(self, text: str, finish_reason: str, *, index: int = 0,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One choice of a whole response."""
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        choice |= {"logprobs": None, "finish_reason": finish_reason}
-        return self._head(False) | {"choices": [choice], "usage": usage}
+        return choice | {"logprobs": logprobs, "finish_reason": finish_reason}
+
+    def whole(self, text: str, finish_reason: str, usage: dict[str, Any], *,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The non-streaming response of one choice."""
+        return self.whole_of([self.choice(text, finish_reason, logprobs=logprobs)], usage)
+
+    def whole_of(self, choices: list[dict[str, Any]], usage: dict[str, Any],
+                 **extra: Any) -> dict[str, Any]:
+        """The non-streaming response of these choices (`extra`: vLLM's top-level
+        fields, such as a chat's `prompt_logprobs`)."""
+        return self._head(False) | {"choices": choices, "usage": usage} | extra
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
-              role: bool = False) -> dict[str, Any]:
-        """One stream chunk: new text (None: none, e.g. the closing chunk), the finish
-        reason on the last one, the assistant role on a chat's first one."""
-        choice: dict[str, Any] = {"index": 0}
+              role: bool = False, *, index: int = 0,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One stream chunk of choice `index`: new text (None: none, e.g. the closing
+        chunk), the finish reason on the last one, the assistant role on a chat's first
+        one, the log-probabilities of the tokens it carries."""
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
             delta = {"role": "assistant"} if role else {}
             if text is not None:
@@ -338,12 +514,73 @@ class Reply:
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
-        choice |= {"logprobs": None, "finish_reason": finish_reason}
+        choice |= {"logprobs": logprobs, "finish_reason": finish_reason}
         return self._head(True) | {"choices": [choice]}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The closing chunk `stream_options.include_usage` asks for: usage, no choices."""
         return self._head(True) | {"choices": [], "usage": usage}
+
+
+# ---- log-probabilities ------------------------------------------------------------------
+LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def completion_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprob | None],
+                        token_text: Callable[[int], str], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's legacy completions `logprobs` for these tokens: `tokens`,
+    `token_logprobs`, `top_logprobs` (the token itself and the top k, by text) and
+    `text_offset` (where each token's text begins, from `offset`); an entry of None (a
+    prompt's first token) has null log-probabilities, as lm-evaluation-harness reads it."""
+    tokens, values, tops, offsets = [], [], [], []
+    for token, entry in zip(token_ids, entries, strict=True):
+        text = token_text(token)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        if entry is None:
+            values.append(None)
+            tops.append(None)
+            continue
+        values.append(_finite(entry.logprob))
+        top = {token_text(t): _finite(lp) for t, lp in entry.top}
+        top.setdefault(text, _finite(entry.logprob))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob],
+                  token_text: Callable[[int], str]) -> dict[str, Any]:
+    """OpenAI's chat `logprobs`: `content`, one object per token with its text, bytes,
+    log-probability and the top k."""
+    def item(token: int, logprob: float) -> dict[str, Any]:
+        text = token_text(token)
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+
+    return {"content": [item(e.token_id, e.logprob)
+                        | {"top_logprobs": [item(t, lp) for t, lp in e.top]}
+                        for e in entries]}
+
+
+def prompt_logprobs(entries: Sequence[TokenLogprob | None],
+                    token_text: Callable[[int], str]) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {logprob,
+    rank, decoded_token}} for the token itself and the top k."""
+    out: list[dict[str, Any] | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        ranked = {t: (lp, r) for r, (t, lp) in enumerate(e.top, start=1)}
+        ranked.setdefault(e.token_id, (e.logprob, e.rank))
+        out.append({str(t): {"logprob": _finite(lp), "rank": r, "decoded_token": token_text(t)}
+                    for t, (lp, r) in ranked.items()})
+    return out
 
 
 def model_list(model_name: str, root: str, max_model_len: int) -> dict[str, Any]:

@@ -3,6 +3,8 @@
     GET  /v1/models             the served model, with its max_model_len
     POST /v1/completions        text or token ids in; whole or streamed (SSE)
     POST /v1/chat/completions   messages in, the model's chat template applied
+    POST /tokenize              text or messages -> token ids, as vLLM's server
+    POST /detokenize            token ids -> text, as vLLM's server
     GET  /health                200 while the engine's loop runs, else 503 (no key needed),
                                 with the engine's running / waiting requests and KV blocks
     GET  /metrics               Prometheus text, when an exporter is given (no key needed)
@@ -93,6 +95,8 @@ def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
     ]
     if metrics is not None:
@@ -141,6 +145,8 @@ class _API:
         self.models = _answers_errors(self._models)
         self.completions = _answers_errors(self._completions)
         self.chat_completions = _answers_errors(self._chat_completions)
+        self.tokenize = _answers_errors(self._tokenize)
+        self.detokenize = _answers_errors(self._detokenize)
 
     # ---- the endpoints ---------------------------------------------------------------
     async def _models(self, request: Request) -> Response:
@@ -158,6 +164,28 @@ class _API:
         key = self._authorize(request)
         req = protocol.parse_chat(await _json_body(request), self.model_name)
         return await self._generate(request, req, key)
+
+    async def _tokenize(self, request: Request) -> Response:
+        self._authorize(request)
+        body = await _json_body(request)
+        engine = await self._engine()
+        ids = await anyio.to_thread.run_sync(_tokenize, engine, body)
+        protocol.check_model(body, self.model_name)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": engine.max_model_len,
+                               "tokens": ids, "token_strs": None}
+        if protocol.flag(body, "return_token_strs", False):
+            out["token_strs"] = engine.loaded.tokenizer.convert_ids_to_tokens(ids)
+        return JSONResponse(out)
+
+    async def _detokenize(self, request: Request) -> Response:
+        self._authorize(request)
+        body = await _json_body(request)
+        engine = await self._engine()
+        ids = protocol.token_ids(body, "tokens", engine.loaded.model.spec.vocab_size)
+        protocol.check_model(body, self.model_name)
+        text = await anyio.to_thread.run_sync(
+            lambda: engine.loaded.tokenizer.decode(ids, skip_special_tokens=False))
+        return JSONResponse({"prompt": text})
 
     async def health(self, request: Request) -> Response:
         try:
@@ -183,78 +211,149 @@ class _API:
                         key: str | None) -> Response:
         engine = await self._engine()
         reply = Reply.new(req.chat, self.model_name)
-        handle, charge = await self._submit(request, engine, req, reply.id, key)
+        handles, charge = await self._submit(request, engine, req, reply.id, key)
+        texts = TokenText(engine.loaded.tokenizer)
 
-        def close() -> None:  # nothing when it finished; frees its blocks when it had not
-            handle.cancel()
+        def close() -> None:  # nothing when they finished; frees blocks when they had not
+            for handle in handles:
+                handle.cancel()
             if charge is not None:
-                charge.settle(_tokens_used(handle))
+                charge.settle(sum(_tokens_used(h) for h in handles))
 
         if req.stream:
-            return EventStream(self._events(handle, req, reply), on_close=close)
+            return EventStream(self._events(handles, req, reply, texts), on_close=close)
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(_cancel_on_disconnect, request.receive, handle)
-                await self.watcher.wait_done(handle)
+                tasks.start_soon(_cancel_on_disconnect, request.receive, handles)
+                for handle in handles:
+                    await self.watcher.wait_done(handle)
                 tasks.cancel_scope.cancel()
         finally:
             close()
-        out = handle.result()
-        if out.finish_reason not in FINISH_REASONS:
-            raise _failure(out)
-        return JSONResponse(reply.whole(out.text, out.finish_reason, _usage(out)))
+        outs = [h.result() for h in handles]
+        for out in outs:
+            if out.finish_reason not in FINISH_REASONS:
+                raise _failure(out)
+        choices = [reply.choice(_echo(req, i, texts) + out.text, out.finish_reason, index=i,
+                                logprobs=_whole_logprobs(req, out, texts))
+                   for i, out in enumerate(outs)]
+        extra = {}
+        if req.show_prompt_logprobs:
+            shown = [protocol.prompt_logprobs(out.prompt_logprobs or [], texts) for out in outs]
+            if req.chat:  # vLLM: top level for chat, per choice for completions
+                extra["prompt_logprobs"] = shown[0]
+            else:
+                for choice, entries in zip(choices, shown, strict=True):
+                    choice["prompt_logprobs"] = entries
+        return JSONResponse(reply.whole_of(choices, _usage(outs), **extra))
 
     async def _submit(self, request: Request, engine: Engine, req: GenerationRequest,
-                      request_id: str, key: str | None) -> tuple[RequestHandle, Charge | None]:
-        """Check the queue, encode the prompt once (in a worker thread), fit a default
-        max_tokens, charge the key's rate limits, submit."""
+                      request_id: str, key: str | None
+                      ) -> tuple[list[RequestHandle], Charge | None]:
+        """Check the queue, encode every prompt (in a worker thread), fit a default
+        max_tokens, check them all, charge the key's rate limits, then submit them all
+        (a list of prompts is refused whole or run whole)."""
         waiting = engine.stats(steps_after=None).num_waiting
         if waiting >= self.max_waiting:
             raise busy(waiting, BUSY_RETRY_AFTER_S)
-        try:
-            token_ids = await anyio.to_thread.run_sync(engine.loaded.encode, req.prompt)
-            req = protocol.fit_default_max_tokens(
-                req, len(token_ids), min(engine.max_model_len, engine.pool_tokens))
-            engine.check(token_ids, req.params)  # a request that cannot run is not charged
-            charge = None
-            if self.limits.enabled:
-                who = "this API key" if key is not None else "this client"
-                ident = key if key is not None else f"client {_client_host(request)}"
-                charge = self.limits.admit(ident, len(token_ids) + req.params.max_tokens, who)
+        checked = []
+        for i, prompt in enumerate(req.prompts):
             try:
-                return engine.submit(token_ids, req.params, request_id), charge
-            except BaseException:
-                if charge is not None:
-                    charge.settle(0)
-                raise
-        except ValueError as exc:
-            raise req.error(str(exc)) from None
-        except RuntimeError as exc:  # shut down, or its loop stopped
-            raise APIError(503, f"the engine is not serving: {exc}") from None
+                token_ids = await anyio.to_thread.run_sync(engine.loaded.encode, prompt)
+                one = protocol.fit_default_max_tokens(
+                    req, len(token_ids), min(engine.max_model_len, engine.pool_tokens))
+                engine.check(token_ids, one.params)  # a request that cannot run is not charged
+            except ValueError as exc:
+                raise req.error(str(exc), i) from None
+            checked.append((token_ids, one.params))
+        charge = None
+        if self.limits.enabled:
+            who = "this API key" if key is not None else "this client"
+            ident = key if key is not None else f"client {_client_host(request)}"
+            charge = self.limits.admit(
+                ident, sum(len(ids) + p.max_tokens for ids, p in checked), who)
+        handles: list[RequestHandle] = []
+        try:
+            for i, (token_ids, params) in enumerate(checked):
+                rid = request_id if len(checked) == 1 else f"{request_id}-{i}"
+                handles.append(engine.submit(token_ids, params, rid))
+            return handles, charge
+        except BaseException as exc:
+            for handle in handles:
+                handle.cancel()
+            if charge is not None:
+                charge.settle(0)
+            if isinstance(exc, ValueError):
+                raise req.error(str(exc)) from None
+            if isinstance(exc, RuntimeError):  # shut down, or its loop stopped
+                raise APIError(503, f"the engine is not serving: {exc}") from None
+            raise
 
-    async def _events(self, handle: RequestHandle, req: GenerationRequest,
-                      reply: Reply) -> AsyncIterator[str]:
-        """The SSE stream: chunks of text as the engine makes them, the finish reason,
-        usage when asked, `[DONE]`; an engine error as an `error` event."""
+    async def _events(self, handles: list[RequestHandle], req: GenerationRequest,
+                      reply: Reply, texts: TokenText) -> AsyncIterator[str]:
+        """The SSE stream: each choice's text in chunks as the engine makes it (with the
+        log-probabilities of its tokens when asked), its finish reason, usage when asked,
+        `[DONE]`; an engine error as an `error` event."""
+        logprobs = [_StreamLogprobs(req, h, texts) for h in handles]
+        echoed = [not req.echo] * len(handles)
         try:
             if reply.chat:
                 yield sse(reply.chunk("", role=True))
-            done = False
-            while not done:
-                text, done = await self.watcher.next_text(handle)
+            async for i, text, done in self._progress(handles):
+                if text and not echoed[i]:  # the prompt's text once its logprobs are known
+                    echoed[i] = True
+                    yield sse(reply.chunk(_echo(req, i, texts), index=i,
+                                          logprobs=logprobs[i].prompt()))
                 if text:
-                    yield sse(reply.chunk(text))
-            out = handle.result()
-            if out.finish_reason not in FINISH_REASONS:
-                yield sse_error(_failure(out))
-            else:
-                yield sse(reply.chunk(None, out.finish_reason))
-                if req.include_usage:
-                    yield sse(reply.usage_chunk(_usage(out)))
+                    yield sse(reply.chunk(text, index=i, logprobs=logprobs[i].new()))
+                if not done:
+                    continue
+                out = handles[i].result()
+                if out.finish_reason not in FINISH_REASONS:
+                    yield sse_error(_failure(out))
+                    yield SSE_DONE
+                    return
+                if not echoed[i]:
+                    echoed[i] = True
+                    yield sse(reply.chunk(_echo(req, i, texts), index=i,
+                                          logprobs=logprobs[i].prompt()))
+                yield sse(reply.chunk(None, out.finish_reason, index=i,
+                                      logprobs=logprobs[i].new(out)))
+            if req.include_usage:
+                yield sse(reply.usage_chunk(_usage([h.result() for h in handles])))
         except Exception:
             log.exception("stream %s failed", reply.id)
             yield sse_error(APIError(500, "internal server error"))
         yield SSE_DONE
+
+    async def _progress(self, handles: list[RequestHandle]
+                        ) -> AsyncIterator[tuple[int, str, bool]]:
+        """(choice index, new text, whether it ended) as the requests make progress; a
+        single request is read directly, several through one queue."""
+        if len(handles) == 1:
+            done = False
+            while not done:
+                text, done = await self.watcher.next_text(handles[0])
+                yield 0, text, done
+            return
+        queue: asyncio.Queue[tuple[int, str, bool]] = asyncio.Queue()
+
+        async def pump(i: int, handle: RequestHandle) -> None:
+            done = False
+            while not done:
+                text, done = await self.watcher.next_text(handle)
+                queue.put_nowait((i, text, done))
+
+        tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+        try:
+            left = len(handles)
+            while left:
+                item = await queue.get()
+                left -= item[2]
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
 
     # ---- helpers ---------------------------------------------------------------------
     def _authorize(self, request: Request) -> str | None:
@@ -362,11 +461,12 @@ class EventStream(StreamingResponse):
             self._on_close()
 
 
-async def _cancel_on_disconnect(receive: Receive, handle: RequestHandle) -> None:
-    """Cancel the request once its client disconnects (the body was read already)."""
+async def _cancel_on_disconnect(receive: Receive, handles: list[RequestHandle]) -> None:
+    """Cancel the requests once their client disconnects (the body was read already)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    handle.cancel()
+    for handle in handles:
+        handle.cancel()
 
 
 def _client_host(request: Request) -> str:
@@ -406,9 +506,100 @@ def _tokens_used(handle: RequestHandle) -> int:
     return len(handle.prompt_token_ids) + handle.num_tokens
 
 
-def _usage(out: RequestOutput) -> dict[str, Any]:
-    return protocol.usage(len(out.prompt_token_ids), len(out.token_ids),
-                          out.num_cached_tokens)
+def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
+    return protocol.usage(sum(len(o.prompt_token_ids) for o in outs),
+                          sum(len(o.token_ids) for o in outs),
+                          sum(o.num_cached_tokens for o in outs))
+
+
+def _tokenize(engine: Engine, body: dict[str, Any]) -> list[int]:
+    """POST /tokenize's token ids: a `prompt` as text, or `messages` through the chat
+    template (`add_generation_prompt`, default true), as vLLM's server tokenizes them."""
+    special = protocol.flag(body, "add_special_tokens", "messages" not in body)
+    tokenizer = engine.loaded.tokenizer
+    if "messages" in body:
+        text = tokenizer.apply_chat_template(
+            protocol.parse_messages(body["messages"]), tokenize=False,
+            add_generation_prompt=protocol.flag(body, "add_generation_prompt", True))
+        return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise bad_request("prompt must be a string (or send messages)", "prompt")
+    if not prompt.strip():
+        raise bad_request("prompt must not be empty", "prompt")
+    return list(tokenizer(protocol.check_unicode(prompt, "prompt"),
+                          add_special_tokens=special)["input_ids"])
+
+
+class TokenText:
+    """Each token's own text, for log-probabilities (decoded once per token id)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self._tokenizer.decode([token],
+                                                               skip_special_tokens=False)
+        return text
+
+
+def _echo(req: GenerationRequest, i: int, texts: TokenText) -> str:
+    """The text `echo` puts before choice `i`'s answer: its prompt as sent ("" without)."""
+    if not req.echo:
+        return ""
+    prompt = req.prompts[i]
+    return prompt if isinstance(prompt, str) else "".join(texts(t) for t in prompt)
+
+
+def _whole_logprobs(req: GenerationRequest, out: RequestOutput,
+                    texts: TokenText) -> dict[str, Any] | None:
+    """A whole response's `logprobs` for one choice (None: not asked)."""
+    if out.logprobs is None:
+        return None
+    if req.chat:
+        return protocol.chat_logprobs(out.logprobs, texts)
+    ids, entries = [e.token_id for e in out.logprobs], list(out.logprobs)
+    if req.echo and out.prompt_logprobs is not None:
+        ids = list(out.prompt_token_ids) + ids
+        entries = list(out.prompt_logprobs) + entries
+    return protocol.completion_logprobs(ids, entries, texts)
+
+
+class _StreamLogprobs:
+    """The log-probabilities a stream owes one choice: those of the tokens made since the
+    last chunk (the engine appends a token's entry before counting the token)."""
+
+    def __init__(self, req: GenerationRequest, handle: RequestHandle, texts: TokenText) -> None:
+        self.req, self.handle, self.texts = req, handle, texts
+        self.sent = 0
+        self.offset = 0  # completions' text_offset of the next token
+
+    def prompt(self) -> dict[str, Any] | None:
+        """The echoed prompt's (completions with echo and logprobs)."""
+        entries = self.handle.prompt_logprobs
+        if self.req.params.logprobs is None or entries is None:
+            return None
+        ids = list(self.handle.prompt_token_ids)
+        return self._shaped(ids, list(entries))
+
+    def new(self, out: RequestOutput | None = None) -> dict[str, Any] | None:
+        """Those of the tokens not yet sent: up to the handle's count, or all of `out`'s."""
+        if self.req.params.logprobs is None:
+            return None
+        entries = (out.logprobs or []) if out is not None else self.handle.token_logprobs
+        end = len(entries) if out is not None else min(self.handle.num_tokens, len(entries))
+        batch, self.sent = list(entries[self.sent:end]), max(self.sent, end)
+        return self._shaped([e.token_id for e in batch], batch)
+
+    def _shaped(self, ids: list[int], entries: list) -> dict[str, Any]:
+        if self.req.chat:
+            return protocol.chat_logprobs(entries, self.texts)
+        shaped = protocol.completion_logprobs(ids, entries, self.texts, self.offset)
+        self.offset += sum(len(t) for t in shaped["tokens"])
+        return shaped
 
 
 def _failure(out: RequestOutput) -> APIError:

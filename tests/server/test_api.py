@@ -122,7 +122,7 @@ def test_parse_chat_content_parts_and_max_completion_tokens():
      "stream_options.include_usage"),
     (False, {"prompt": "   "}, "prompt"),
     (False, {}, "prompt"),
-    (False, {"prompt": ["a", "b"]}, "prompt"),
+    (False, {"prompt": [["a", "b"]]}, "prompt"),
     (False, {"prompt": [1, "a"]}, "prompt"),
     (True, {"messages": []}, "messages"),
     (True, {"messages": "Hi"}, "messages"),

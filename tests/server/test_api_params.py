@@ -1,0 +1,385 @@
+"""The OpenAI parameters beyond the basics, as vLLM's server has them: log-probabilities
+(with `echo`, as lm-evaluation-harness's `local-completions` asks), a list of prompts,
+penalties, `logit_bias`, `min_p`, `/tokenize` and `/detokenize`, and a 400 naming every
+field this server knows but does not implement.
+
+Model-free tests check the wire format and the refusals (over a stand-in engine); `model`
+tests serve the bundled float32 model and compare with transformers' own logits and with
+a plain reference of the sampling rules (`sampling_ref`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+from http_server import serving
+from sampling_ref import reference_draw, reference_process
+
+from engine import SamplingParams
+from server import protocol
+from server.errors import APIError
+from server.routes import api_routes
+
+STUB_MODEL = "stub-model"
+TIMEOUT_S = 120.0
+
+
+def client_for(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                         timeout=TIMEOUT_S)
+
+
+# ---- the wire format, no server -------------------------------------------------------
+def test_a_list_of_prompts_is_one_request_each():
+    req = protocol.parse_completion({"prompt": ["Hi", [1, 2, 3], "there"]}, STUB_MODEL)
+    assert req.prompts == ("Hi", [1, 2, 3], "there")
+    with pytest.raises(APIError) as err:
+        protocol.parse_completion({"prompt": ["Hi"] * (protocol.MAX_PROMPTS + 1)}, STUB_MODEL)
+    assert err.value.param == "prompt" and str(protocol.MAX_PROMPTS) in err.value.message
+    with pytest.raises(APIError) as err:
+        protocol.parse_completion({"prompt": ["Hi", " "]}, STUB_MODEL)
+    assert err.value.param == "prompt" and "prompt[1]" in err.value.message
+
+
+UNSUPPORTED = [
+    (False, "tools", [{"type": "function", "function": {"name": "f"}}]),
+    (True, "tools", [{"type": "function", "function": {"name": "f"}}]),
+    (True, "tool_choice", "auto"),
+    (True, "functions", [{"name": "f"}]),
+    (True, "function_call", "auto"),
+    (True, "response_format", {"type": "json_object"}),
+    (False, "response_format", {"type": "json_schema", "json_schema": {}}),
+    (False, "suffix", "the end"),
+    (False, "best_of", 2),
+    (False, "use_beam_search", True),
+    (False, "length_penalty", 0.5),
+    (True, "structured_outputs", {"json": {"type": "object"}}),
+    (False, "guided_json", {"type": "object"}),
+    (False, "guided_regex", "a+"),
+    (False, "guided_choice", ["a", "b"]),
+    (False, "guided_grammar", "root ::= 'a'"),
+    (False, "allowed_token_ids", [1, 2]),
+    (False, "bad_words", ["no"]),
+    (False, "include_stop_str_in_output", True),
+    (False, "skip_special_tokens", False),
+    (False, "truncate_prompt_tokens", 10),
+    (False, "return_tokens_as_token_ids", True),
+    (True, "audio", {"voice": "alloy"}),
+    (True, "modalities", ["text", "audio"]),
+    (True, "prediction", {"type": "content", "content": "x"}),
+    (True, "web_search_options", {"search_context_size": "low"}),
+    (True, "echo", True),
+    (True, "continue_final_message", True),
+    (True, "add_generation_prompt", False),
+    (True, "stream_options.continuous_usage_stats", True),
+]
+
+
+def _body(chat: bool, field: str, value) -> dict:
+    body = ({"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Hi"})
+    if field.startswith("stream_options."):
+        return body | {"stream": True, "stream_options": {field.split(".")[1]: value}}
+    return body | {field: value}
+
+
+@pytest.mark.parametrize(("chat", "field", "value"), UNSUPPORTED)
+def test_a_field_this_server_does_not_implement_is_a_400_naming_it(chat, field, value):
+    parse = protocol.parse_chat if chat else protocol.parse_completion
+    with pytest.raises(APIError) as err:
+        parse(_body(chat, field, value), STUB_MODEL)
+    assert (err.value.status, err.value.param) == (400, field)
+    assert err.value.message.startswith(field)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"}),
+    ("best_of", 1), ("suffix", None), ("skip_special_tokens", True), ("modalities", ["text"]),
+    ("user", "someone"), ("frobnicate", {"x": 1}),  # unknown fields stay ignored, as vLLM's
+])
+def test_the_default_of_such_a_field_and_unknown_fields_are_accepted(field, value):
+    req = protocol.parse_chat(_body(True, field, value), STUB_MODEL)
+    assert req.params.max_tokens == protocol.CHAT_DEFAULT_MAX_TOKENS
+
+
+def test_body_errors_come_before_an_unknown_models_404():
+    for parse, body, param in [
+        (protocol.parse_chat, {"model": "gpt-x"}, "messages"),
+        (protocol.parse_completion, {"model": "gpt-x", "prompt": "Hi", "top_p": 7}, "top_p"),
+        (protocol.parse_chat, {"model": "gpt-x", "tools": [{"type": "function"}],
+                               "messages": [{"role": "user", "content": "Hi"}]}, "tools"),
+    ]:
+        with pytest.raises(APIError) as err:
+            parse(body, STUB_MODEL)
+        assert (err.value.status, err.value.param) == (400, param)
+    with pytest.raises(APIError) as err:
+        protocol.parse_completion({"model": "gpt-x", "prompt": "Hi"}, STUB_MODEL)
+    assert err.value.status == 404
+
+
+def test_sampling_fields_reach_the_params():
+    req = protocol.parse_completion({
+        "prompt": "Hi", "presence_penalty": 0.5, "frequency_penalty": -0.25,
+        "repetition_penalty": 1.3, "logit_bias": {"42": -100, "7": 2.5}, "min_p": 0.1,
+        "logprobs": 3, "echo": True}, STUB_MODEL)
+    p = req.params
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.25, 1.3)
+    assert p.logit_bias == {42: -100.0, 7: 2.5} and p.min_p == 0.1
+    assert (p.logprobs, p.prompt_logprobs, req.echo) == (3, 3, True)
+    chat = protocol.parse_chat({"messages": [{"role": "user", "content": "Hi"}],
+                                "logprobs": True, "top_logprobs": 2}, STUB_MODEL)
+    assert (chat.params.logprobs, chat.params.prompt_logprobs) == (2, None)
+    plain = protocol.parse_chat({"messages": [{"role": "user", "content": "Hi"}],
+                                 "logprobs": False}, STUB_MODEL)
+    assert plain.params.logprobs is None
+
+
+@pytest.mark.parametrize(("chat", "extra", "param"), [
+    (False, {"presence_penalty": 3}, "presence_penalty"),
+    (False, {"frequency_penalty": -2.5}, "frequency_penalty"),
+    (False, {"repetition_penalty": 0}, "repetition_penalty"),
+    (False, {"min_p": 1.5}, "min_p"),
+    (False, {"logit_bias": {"5": 101}}, "logit_bias"),
+    (False, {"logit_bias": {"five": 1}}, "logit_bias"),
+    (False, {"logit_bias": [1, 2]}, "logit_bias"),
+    (False, {"logprobs": 21}, "logprobs"),
+    (False, {"logprobs": True}, "logprobs"),
+    (False, {"prompt_logprobs": -1}, "prompt_logprobs"),
+    (True, {"top_logprobs": 2}, "top_logprobs"),
+    (True, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (True, {"logprobs": 1}, "logprobs"),
+])
+def test_bad_values_of_the_new_fields_name_them(chat, extra, param):
+    body = (_body(True, "user", "x") if chat else {"prompt": "Hi"}) | extra
+    with pytest.raises(APIError) as err:
+        (protocol.parse_chat if chat else protocol.parse_completion)(body, STUB_MODEL)
+    assert (err.value.status, err.value.param) == (400, param)
+
+
+class _Entry:
+    def __init__(self, token_id, logprob, rank, top):
+        self.token_id, self.logprob, self.rank, self.top = token_id, logprob, rank, top
+
+
+def test_logprob_shapes_are_openais_and_vllms():
+    text = {1: "a", 2: "bc", 3: "d"}.__getitem__
+    entries = [None, _Entry(2, -0.5, 1, ((2, -0.5), (3, -1.5))),
+               _Entry(3, -float("inf"), 9, ((2, -0.1),))]
+    legacy = protocol.completion_logprobs([1, 2, 3], entries, text)
+    assert legacy == {"tokens": ["a", "bc", "d"], "token_logprobs": [None, -0.5, -9999.0],
+                      "top_logprobs": [None, {"bc": -0.5, "d": -1.5},
+                                       {"bc": -0.1, "d": -9999.0}],
+                      "text_offset": [0, 1, 3]}
+    chat = protocol.chat_logprobs(entries[1:2], text)["content"][0]
+    assert chat == {"token": "bc", "logprob": -0.5, "bytes": [98, 99],
+                    "top_logprobs": [{"token": "bc", "logprob": -0.5, "bytes": [98, 99]},
+                                     {"token": "d", "logprob": -1.5, "bytes": [100]}]}
+    shown = protocol.prompt_logprobs(entries[:2], text)
+    assert shown == [None, {"2": {"logprob": -0.5, "rank": 1, "decoded_token": "bc"},
+                            "3": {"logprob": -1.5, "rank": 2, "decoded_token": "d"}}]
+    json.dumps(legacy, allow_nan=False)  # no -inf reaches the wire
+
+
+class StubEngine:
+    max_model_len = 2048
+    loaded = None
+
+
+@pytest.fixture(scope="module")
+def stub_client():
+    with serving(api_routes(lambda: StubEngine(), model_name=STUB_MODEL)) as url, \
+            client_for(url) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("chat", "field", "value"), [u for u in UNSUPPORTED if "." not in u[1]])
+def test_the_openai_client_sees_the_400_and_its_param(stub_client, chat, field, value):
+    with pytest.raises(openai.BadRequestError) as err:
+        if chat:
+            stub_client.chat.completions.create(
+                model=STUB_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                extra_body={field: value})
+        else:
+            stub_client.completions.create(model=STUB_MODEL, prompt="Hi",
+                                           extra_body={field: value})
+    assert err.value.param == field
+
+
+# ---- a real engine ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client(url):
+    with client_for(url) as c:
+        yield c
+
+
+def hf_logprobs(hf_model, ids: list[int]) -> torch.Tensor:
+    """transformers' float32 log-softmax of its logits at every position of `ids`."""
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+@pytest.mark.model
+def test_echo_and_logprobs_as_lm_eval_harness_reads_them(url, name, loaded, hf_model):
+    """lm-evaluation-harness's loglikelihood request: token-id prompts in one batch,
+    echo, logprobs 1, max_tokens 1; it sums token_logprobs[ctxlen:-1] and checks each
+    against max(top_logprobs)."""
+    prompts = [loaded.encode("The capital of France is Paris"),
+               loaded.encode("Two plus two equals four")]
+    body = {"model": name, "prompt": prompts, "max_tokens": 1, "temperature": 0,
+            "logprobs": 1, "echo": True, "seed": 1234}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=TIMEOUT_S)
+    assert r.status_code == 200, r.text
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == [0, 1]
+    for ids, choice in zip(prompts, choices, strict=True):
+        lp = choice["logprobs"]
+        assert len(lp["token_logprobs"]) == len(ids) + 1  # the prompt and one new token
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        ref = hf_logprobs(hf_model, ids)
+        want = [float(ref[p - 1, ids[p]]) for p in range(1, len(ids))]
+        assert lp["token_logprobs"][1:len(ids)] == pytest.approx(want, abs=1e-4)
+        for value, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:], strict=True):
+            assert value in top.values() and len(top) <= 2
+        new = lp["token_logprobs"][-1]
+        assert new == pytest.approx(float(ref[-1].max()), abs=1e-4)  # greedy: the argmax
+        assert choice["text"].startswith(loaded.decode(ids))
+        assert lp["text_offset"] == sorted(lp["text_offset"])
+
+
+@pytest.mark.model
+def test_chat_logprobs_and_top_logprobs_follow_the_model(client, name, loaded, hf_model):
+    messages = [{"role": "user", "content": "Name a color."}]
+    got = client.chat.completions.create(model=name, messages=messages, max_tokens=6,
+                                         temperature=0, logprobs=True, top_logprobs=3,
+                                         extra_body={"ignore_eos": True})
+    content = got.choices[0].logprobs.content
+    assert len(content) == got.usage.completion_tokens == 6
+    ids = loaded.encode(messages)
+    for item in content:  # transformers' greedy continuation, token by token
+        row = hf_logprobs(hf_model, ids)[-1]
+        top = [t.logprob for t in item.top_logprobs]
+        assert len(top) == 3 and top == sorted(top, reverse=True)
+        assert top == pytest.approx(row.topk(3).values.tolist(), abs=1e-4)
+        assert item.logprob == pytest.approx(top[0], abs=1e-6)  # greedy picks the best
+        assert bytes(item.bytes).decode() == item.token
+        ids.append(int(row.argmax()))
+
+
+@pytest.mark.model
+def test_streamed_logprobs_equal_the_whole_answers(url, name):
+    body = {"model": name, "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0,
+            "ignore_eos": True, "logprobs": 2}
+    whole = httpx.post(url + "/v1/completions", json=body, timeout=TIMEOUT_S).json()
+    with httpx.stream("POST", url + "/v1/completions", json=body | {"stream": True},
+                      timeout=TIMEOUT_S) as r:
+        events = [e.removeprefix("data: ") for e in r.read().decode().split("\n\n") if e]
+    chunks = [json.loads(e) for e in events[:-1]]
+    tokens, values = [], []
+    for c in chunks:
+        lp = c["choices"][0]["logprobs"]
+        if lp:
+            tokens += lp["tokens"]
+            values += lp["token_logprobs"]
+    assert tokens == whole["choices"][0]["logprobs"]["tokens"]
+    assert values == pytest.approx(whole["choices"][0]["logprobs"]["token_logprobs"], abs=1e-6)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+
+
+@pytest.mark.model
+def test_a_list_of_prompts_answers_each_in_order_streamed_or_not(client, name, api_engine):
+    prompts = ["The sky is", "My favourite food is", "Water boils at"]
+    refs = api_engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0))
+    got = client.completions.create(model=name, prompt=prompts, max_tokens=8, temperature=0)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == [r.text for r in refs]
+    assert got.usage.prompt_tokens == sum(len(r.prompt_token_ids) for r in refs)
+    assert got.usage.completion_tokens == sum(len(r.token_ids) for r in refs)
+    texts = ["", "", ""]
+    finished = set()
+    for chunk in client.completions.create(model=name, prompt=prompts, max_tokens=8,
+                                           temperature=0, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finished.add(c.index)
+    assert texts == [r.text for r in refs] and finished == {0, 1, 2}
+
+
+SAMPLING = [
+    {"repetition_penalty": 1.8},
+    {"presence_penalty": 1.5, "frequency_penalty": 1.0},
+    {"logit_bias": {"13": 40.0}},  # a token pushed to the top
+    {"frequency_penalty": 2.0, "logit_bias": {"198": -100}},
+]
+
+
+def _reference_text(hf_model, loaded, prompt: list[int], params: dict, n: int,
+                    seed: int | None = None, temperature: float = 0.0) -> str:
+    """Generate `n` tokens with transformers' logits and the reference sampling rules."""
+    fields = dict(params)
+    if "logit_bias" in fields:
+        fields["logit_bias"] = {int(k): v for k, v in fields["logit_bias"].items()}
+    p = SamplingParams(max_tokens=n, temperature=temperature, seed=seed, **fields)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    ids, out = list(prompt), []
+    for _ in range(n):
+        with torch.inference_mode():
+            logits = hf_model(torch.tensor([ids])).logits[0, -1].float()
+        processed = reference_process(logits, p, prompt, out)
+        token = int(processed.argmax()) if gen is None else reference_draw(processed, gen)
+        ids.append(token)
+        out.append(token)
+    return loaded.decode(out)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("params", SAMPLING, ids=lambda p: "+".join(p))
+def test_penalties_and_logit_bias_choose_as_the_reference_greedy(client, name, loaded,
+                                                                  hf_model, params):
+    prompt = loaded.encode("List the days of the week: Monday, Tuesday,")
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True} | params)
+    assert got.choices[0].text == _reference_text(hf_model, loaded, prompt, params, 12)
+    plain = client.completions.create(model=name, prompt=prompt, max_tokens=12,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    assert plain.choices[0].text != got.choices[0].text  # the parameter had an effect
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("params", [{"min_p": 0.2}, {"min_p": 0.05, "presence_penalty": 1.0},
+                                    {"repetition_penalty": 1.5, "logit_bias": {"13": 3.0}}],
+                         ids=lambda p: "+".join(p))
+def test_seeded_sampling_with_them_chooses_as_the_reference(client, name, loaded, hf_model,
+                                                            params):
+    prompt = loaded.encode("Write a word:")
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=0.9,
+                                    seed=7, extra_body={"ignore_eos": True} | params)
+    want = _reference_text(hf_model, loaded, prompt, params, 8, seed=7, temperature=0.9)
+    assert got.choices[0].text == want
+
+
+@pytest.mark.model
+def test_tokenize_and_detokenize_as_vllms_server(url, name, loaded):
+    r = httpx.post(url + "/tokenize", json={"model": name, "prompt": "Hello world"},
+                   timeout=TIMEOUT_S)
+    assert r.status_code == 200
+    out = r.json()
+    assert out["tokens"] == loaded.encode("Hello world") and out["count"] == len(out["tokens"])
+    assert out["max_model_len"] > 0
+    chat = [{"role": "user", "content": "Hi"}]
+    r = httpx.post(url + "/tokenize", json={"messages": chat, "return_token_strs": True},
+                   timeout=TIMEOUT_S).json()
+    assert r["tokens"] == loaded.encode(chat) and len(r["token_strs"]) == r["count"]
+    back = httpx.post(url + "/detokenize", json={"tokens": out["tokens"]}, timeout=TIMEOUT_S)
+    assert back.json() == {"prompt": "Hello world"}
+    for path, body, param in [("/tokenize", {"prompt": ""}, "prompt"),
+                              ("/tokenize", {"prompt": 5}, "prompt"),
+                              ("/detokenize", {"tokens": [10**9]}, "tokens"),
+                              ("/detokenize", {}, "tokens"),
+                              ("/detokenize", {"tokens": [1], "model": "gpt-x"}, "model")]:
+        r = httpx.post(url + path, json=body, timeout=TIMEOUT_S)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
