@@ -28,7 +28,8 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, Request, RequestUpdate, StepStats
-from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats, check_pool_memory
+from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
+from engine.memory.budget import check_pool_memory
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput, make_output
 from engine.runner import ModelRunner
