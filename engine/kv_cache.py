@@ -248,15 +248,6 @@ class KVCacheManager:
                     blk.block_hash = blk.parent_hash = blk.token_ids = None
                     self._free.append(bid)
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached-free block (e.g. when a demo compares caching off)."""
-        while self._cached_free:
-            bid, _ = self._cached_free.popitem(last=False)
-            blk = self.blocks[bid]
-            self._hash_to_block.pop(blk.block_hash, None)
-            blk.block_hash = blk.parent_hash = blk.token_ids = None
-            self._free.append(bid)
-
     # ---- reporting -----------------------------------------------------------------
     def stats(self) -> KVCacheStats:
         cached = len(self._cached_free)
