@@ -28,7 +28,8 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, Request, RequestUpdate, StepStats
-from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats, check_pool_memory
+from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
+from engine.memory.budget import GIB, check_pool_memory
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput, make_output
 from engine.runner import ModelRunner
@@ -92,12 +93,12 @@ class Engine(ServingBase):
         cfg, model = self.config, self.loaded.model
         per_block = model.spec.kv_bytes_per_token(model.dtype) * cfg.block_size
         if cfg.kv_cache_memory_gb is not None:
-            budget = cfg.kv_cache_memory_gb * 2**30
+            budget = cfg.kv_cache_memory_gb * GIB
         elif model.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(model.device)
             budget = free * DEFAULT_GPU_KV_FRACTION
         else:
-            budget = DEFAULT_CPU_KV_GB * 2**30
+            budget = DEFAULT_CPU_KV_GB * GIB
         return max(int(budget // per_block), 1)
 
     @property

@@ -27,10 +27,6 @@ class RequestMetrics:
     finish_time: float | None = None
 
     @property
-    def first_token_time(self) -> float | None:
-        return self.token_times[0] if self.token_times else None
-
-    @property
     def ttft(self) -> float | None:
         """Arrival -> first output token, in seconds."""
         if not self.token_times:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import compute
+from engine.memory.budget import GIB
 from engine.models.device import device_name
 
 GB = 1e9
-GIB = 2**30
 MATMUL_N = 2048
 BUFFER_BYTES = 512 * 2**20
 

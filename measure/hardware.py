@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from engine.memory.budget import GIB
+
 if TYPE_CHECKING:
     from measure.calibrate import Calibration
 
 GB = 1e9
-GIB = 2**30
 PRECISIONS: dict[str, float] = {"fp16": 2.0, "int8": 1.0, "int4": 0.5}  # weight bytes per element
 BIG_BATCH = 64
 _T = TypeVar("_T")

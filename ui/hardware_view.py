@@ -22,10 +22,10 @@ import pandas as pd
 import streamlit as st
 import torch
 
+from engine.memory.budget import GIB
 from measure.calibrate import Calibration, calibrate
 from measure.hardware import (
     BIG_BATCH,
-    GIB,
     HARDWARE,
     MODELS,
     PRECISIONS,

@@ -3,7 +3,7 @@
 The pool is shown in blocks and GiB, beside what this machine's memory leaves for it; a new
 block size keeps the pool's bytes (its block count follows), and a pool that does not fit
 is refused before anything is allocated, naming the largest that does
-(`engine.kv_cache.check_pool_memory`). Requests running on the old engine finish there
+(`engine.memory.budget.check_pool_memory`). Requests running on the old engine finish there
 (`SharedEngine.rebuild` drains it). On a shared instance (`ui.hosting`) the form is the
 admin's: read-only without the admin password, and locked when none is configured. Every
 failure on Apply is one line; the server's log keeps the details.
@@ -17,7 +17,7 @@ import logging
 import streamlit as st
 
 from engine import Engine, EngineConfig
-from engine.kv_cache import gib, largest_pool, memory_budget, pool_bytes
+from engine.memory.budget import gib, largest_pool, memory_budget, pool_bytes
 from ui import hosting
 from ui.hosting import admin_password
 from ui.shared import SharedEngine

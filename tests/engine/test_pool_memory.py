@@ -1,10 +1,10 @@
-"""The KV pool is sized against memory before it is allocated (engine/kv_cache.py)."""
+"""The KV pool is sized against memory before it is allocated (engine/memory/budget.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.kv_cache import (
+from engine.memory.budget import (
     GIB,
     MemoryBudget,
     check_pool_memory,

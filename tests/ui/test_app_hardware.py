@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from engine.memory.budget import GIB
 from measure.calibrate import Calibration
 from measure.hardware import (
-    GIB,
     HARDWARE,
     compute_bound_batch,
     decode_tokens_per_s,
