@@ -383,3 +383,27 @@ def test_tokenize_and_detokenize_as_vllms_server(url, name, loaded):
                               ("/detokenize", {"tokens": [1], "model": "gpt-x"}, "model")]:
         r = httpx.post(url + path, json=body, timeout=TIMEOUT_S)
         assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.model
+def test_a_streamed_echo_sends_the_prompt_and_its_logprobs_first(url, name, loaded):
+    ids = loaded.encode("The capital of France is")
+    body = {"model": name, "prompt": ids, "max_tokens": 3, "temperature": 0, "echo": True,
+            "logprobs": 1, "ignore_eos": True}
+    whole = httpx.post(url + "/v1/completions", json=body, timeout=TIMEOUT_S).json()
+    with httpx.stream("POST", url + "/v1/completions", json=body | {"stream": True},
+                      timeout=TIMEOUT_S) as r:
+        events = [e.removeprefix("data: ") for e in r.read().decode().split("\n\n") if e]
+    chunks = [json.loads(e) for e in events[:-1]]
+    first = chunks[0]["choices"][0]
+    assert first["text"] == loaded.decode(ids)
+    assert first["logprobs"]["token_logprobs"][0] is None
+    assert len(first["logprobs"]["token_logprobs"]) == len(ids)
+    values = [v for c in chunks if c["choices"][0]["logprobs"]
+              for v in c["choices"][0]["logprobs"]["token_logprobs"]]
+    assert values[1:] == pytest.approx(whole["choices"][0]["logprobs"]["token_logprobs"][1:],
+                                       abs=1e-6)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    offsets = [o for c in chunks if c["choices"][0]["logprobs"]
+               for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == whole["choices"][0]["logprobs"]["text_offset"]
