@@ -6,7 +6,8 @@ from engine.engine import Engine
 from engine.local import LocalPC
 from engine.metrics import RequestMetrics, summarize
 from engine.models.loaded import LoadedModel
-from engine.outputs import RequestHandle, RequestOutput, TokenLogprob
+from engine.outputs import RequestHandle, RequestOutput
+from engine.sequence import TokenLogprob
 from engine.serving import ServingSide, ServingStats
 
 __all__ = [

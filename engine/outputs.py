@@ -1,6 +1,6 @@
-"""What callers get back: `RequestOutput`, a streaming `RequestHandle` and the
-`TokenLogprob` entries of log-probabilities; and what happens when a token is sampled
-(`append_token`, `make_output`).
+"""What callers get back: `RequestOutput` (with the `TokenLogprob` entries of
+log-probabilities when asked) and a streaming `RequestHandle`; and what happens when a
+token is sampled (`append_token`, `make_output`).
 
 Both the datacenter engine and the local PC return these types and share the token
 logic: append the token, time-stamp it, detokenize it, and decide whether the request
@@ -16,19 +16,9 @@ from dataclasses import dataclass
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.metrics import RequestMetrics
-from engine.sequence import Sequence
+from engine.sequence import Sequence, TokenLogprob
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """One token's log-probability under the raw distribution, its rank, and the top k."""
-
-    token_id: int
-    logprob: float
-    rank: int  # 1-based rank of token_id in the raw distribution (1 = argmax)
-    top: tuple[tuple[int, float], ...]  # the top-k (token id, logprob), best first
 
 
 @dataclass

@@ -37,7 +37,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.models import native
-from engine.outputs import TokenLogprob
+from engine.sequence import TokenLogprob
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

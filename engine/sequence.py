@@ -20,13 +20,19 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine.config import SamplingParams
 from engine.metrics import RequestMetrics
 
-if TYPE_CHECKING:
-    from engine.outputs import TokenLogprob
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability under the raw distribution, its rank, and the top k."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1-based rank of token_id in the raw distribution (1 = argmax)
+    top: tuple[tuple[int, float], ...]  # the top-k (token id, logprob), best first
 
 
 class Status(enum.Enum):
