@@ -19,7 +19,7 @@ from server.remote import RemoteSide
 from ui import charts, endpoints, frames, hosting, inputs, method, server_charts, shared
 from ui.job_slot import JobSlot
 from ui.palette import SIDE_NAMES
-from workloads import scenarios, speculation
+from workloads import scenarios, speculative
 from workloads.job import ENGINE_CHANGED
 from workloads.prompts import Chat, load_prompts, user_prompts
 from workloads.race import Race, RaceSnapshot, SideView
@@ -173,7 +173,7 @@ def _race(prompts: list[Chat], params: SamplingParams, you: int,
         own = None
         if not remote_dc:
             caps.check_queue(dc)
-            own = speculation.engine_with_speculation(dc, spec_dc, prompts, params.max_tokens)
+            own = speculative.engine_with_speculation(dc, spec_dc, prompts, params.max_tokens)
         try:
             return Race(own or dc, local, prompts, params, you=you,
                         heartbeat_timeout=SLOT.heartbeat_s, close_local=True,

@@ -104,14 +104,14 @@ def test_the_race_summary_names_both_totals_and_their_ratio():
 
 
 def test_every_presenter_scenario_is_played_by_a_page():
-    from ui import spec_view
+    from ui import speculative_view
 
     assert len(presenter.SCENARIOS) == 5
     assert set(kv_view.KV_SCENARIOS) <= set(scenarios.SCENARIOS)
     for key in presenter.SCENARIOS:
         assert scenarios.get(key).key == key
     assert [k for k in presenter.SCENARIOS if k in kv_view.KV_SCENARIOS] == ["shared_prefix"]
-    assert spec_view.SCENARIO in presenter.SCENARIOS  # the arena page's comparison
+    assert speculative_view.SCENARIO in presenter.SCENARIOS  # the arena page's comparison
 
 
 def test_presets_include_korean_and_a_long_prompt():

@@ -12,7 +12,7 @@ and the engine's speculative-decoding counters::
                                                     acceptance rate, mean accepted length)
     SpecCompareJob(loaded).start()               -> 1 and 32 users, off then on, in turn
 
-Presenter mode plays the job; `batchlens bench spec` calls `run_edit` at 1, 32 and 64 users.
+Presenter mode plays the job; `batchlens bench speculative` calls `run_edit` at 1, 32 and 64 users.
 The arena's per-side switch gets its datacenter side from `engine_with_speculation`.
 """
 
@@ -180,7 +180,7 @@ class SpecCompareJob(BackgroundJob):
                  connected: Callable[[], bool] | None = None) -> None:
         if not users or min(users) < 1:
             raise ValueError(f"users: at least one count >= 1 is needed, got {users}")
-        super().__init__("spec", heartbeat_timeout, connected)
+        super().__init__("speculative", heartbeat_timeout, connected)
         self.loaded, self.users, self.base = loaded, tuple(users), base
         self.runs: list[SpecRun] = []
         self.current: tuple[int, bool] | None = None  # (users, speculative) running now
