@@ -135,7 +135,7 @@ class Engine(ServingBase):
                 kv=kv,
                 recent_steps=self._steps_after(steps_after),
                 stopped=self.stopped_reason,
-                spec=core.spec.copy() if self.speculation is not None else None,
+                spec_decode=core.spec_decode.copy() if self.speculation is not None else None,
             )
 
     def _steps_after(self, after: float | None) -> tuple[StepStats, ...]:
@@ -208,7 +208,7 @@ class Engine(ServingBase):
             self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
                                    self.loaded.eos_token_ids, self.max_model_len,
                                    self.speculation)
-            self.core.steps, self.core.spec = old.steps, old.spec
+            self.core.steps, self.core.spec_decode = old.steps, old.spec_decode
             self.core.num_steps, self.core.num_finished, self.core.num_output_tokens = (
                 old.num_steps, old.num_finished, old.num_output_tokens)
         with self._cond:

@@ -66,7 +66,7 @@ class LocalPC(ServingBase):
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
         self.speculation = Speculation.of(speculative, num_speculative_tokens,
                                           prompt_lookup_min, prompt_lookup_max)
-        self.spec = SpecDecodeStats()
+        self.spec_decode = SpecDecodeStats()
         self.pacing = pacing
         self.loaded = loaded or LoadedModel.load(model, device, dtype)
         spec = self.loaded.model.spec
@@ -106,7 +106,7 @@ class LocalPC(ServingBase):
                 max_num_running=1,
                 n_ctx=self.n_ctx,
                 emulated=self.pacing.label if self.pacing else None,
-                spec=self.spec.copy() if self.speculation is not None else None,
+                spec_decode=self.spec_decode.copy() if self.speculation is not None else None,
             )
 
     def shutdown(self) -> None:
@@ -180,7 +180,7 @@ class LocalPC(ServingBase):
                     release = max(release, time.monotonic())
                 before, now = len(seq.output_token_ids), time.monotonic()
                 if seq.spec_token_ids:
-                    self.spec.observe(len(seq.spec_token_ids), len(tokens) - 1)
+                    self.spec_decode.observe(len(seq.spec_token_ids), len(tokens) - 1)
                     reason = append_verified(seq, tokens, now, detok, eos, self.n_ctx)
                 else:
                     with self._cond:

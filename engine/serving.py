@@ -87,7 +87,7 @@ class ServingStats:
     n_ctx: int | None = None
     emulated: str | None = None
     stopped: str | None = None  # why the side has stopped serving (None: it serves)
-    spec: SpecDecodeStats | None = None  # speculative decoding's counters (None: it is off)
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters (None: it is off)
 
 
 class ServingSide(Protocol):

@@ -60,7 +60,7 @@ def _local(loc: ServingStats) -> str:
 
 
 def _speculation(stats: ServingStats) -> str:
-    return "; speculative decoding (n-gram prompt lookup)" if stats.spec is not None else ""
+    return "; speculative decoding (n-gram prompt lookup)" if stats.spec_decode is not None else ""
 
 
 def race_setup(race: Race) -> dict[str, str]:

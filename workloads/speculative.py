@@ -104,7 +104,7 @@ def run_edit(
     outputs = []
     with Engine(config, loaded=loaded) as engine:
         engine.generate([list(WARMUP)], SamplingParams(max_tokens=4))
-        before = engine.stats(steps_after=None).spec
+        before = engine.stats(steps_after=None).spec_decode
         for i in range(0, len(prompts), users):  # a round: `users` requests at one moment
             batch = prompts[i : i + users]
             handles = engine.submit_many(batch, [sc.params(0)] * len(batch))
@@ -114,7 +114,7 @@ def run_edit(
             outputs += [h.result() for h in handles]
             if any(o.finish_reason == "cancelled" for o in outputs):
                 break
-        after = engine.stats(steps_after=None).spec
+        after = engine.stats(steps_after=None).spec_decode
     if errors := [o.error for o in outputs if o.finish_reason == "error"]:
         raise WorkloadError(f"the edit scenario failed: {errors[0]}")
     if any(o.finish_reason == "cancelled" for o in outputs):

@@ -125,9 +125,9 @@ SPEC = dict(speculative="ngram", num_speculative_tokens=4, prompt_lookup_min=1,
 def test_speculative_greedy_matches_transformers(loaded, prompts, reference, case, cfg):
     outs, stats = run_engine(loaded, prompts, **cfg, **SPEC)
     assert [o.token_ids for o in outs] == reference
-    spec = stats.spec
-    assert spec.num_draft_tokens > spec.num_accepted_tokens > 0  # accepted and rolled back
-    assert sum(o.num_accepted_tokens for o in outs) == spec.num_accepted_tokens
+    spec_decode = stats.spec_decode
+    assert spec_decode.num_draft_tokens > spec_decode.num_accepted_tokens > 0  # accepted and rolled back
+    assert sum(o.num_accepted_tokens for o in outs) == spec_decode.num_accepted_tokens
     assert stats.kv.used_blocks == 0
     if case == "preemption":
         assert stats.num_preemptions > 0
@@ -147,7 +147,7 @@ def test_speculative_prefix_cache_hit_matches(loaded, hf_model):
         second = engine.generate(batch[1:], params)
         stats = engine.stats()
     assert [o.token_ids for o in first + second] == ref
-    assert second[0].num_cached_tokens == 48 and stats.spec.num_accepted_tokens > 0
+    assert second[0].num_cached_tokens == 48 and stats.spec_decode.num_accepted_tokens > 0
 
 
 def test_speculative_local_pc_matches_and_seeds_repeat(loaded, prompts, reference):
@@ -160,4 +160,4 @@ def test_speculative_local_pc_matches_and_seeds_repeat(loaded, prompts, referenc
         stats = local.stats()
     assert [o.token_ids for o in outs] == reference[1:2]
     assert again[0] == again[1]
-    assert stats.spec.num_draft_tokens > stats.spec.num_accepted_tokens > 0
+    assert stats.spec_decode.num_draft_tokens > stats.spec_decode.num_accepted_tokens > 0

@@ -129,8 +129,8 @@ def test_speculation_switches_run_each_side_speculatively():
     assert not at.error, at.error[0].value
     views = race.snapshot().sides
     for side in ("local", "datacenter"):
-        spec = race.engine.stats() if side == "datacenter" else race.local.stats()
-        assert spec.spec.num_drafts > 0, side  # drafts were verified on both sides
+        stats = race.engine.stats() if side == "datacenter" else race.local.stats()
+        assert stats.spec_decode.num_drafts > 0, side  # drafts were verified on both sides
         line = arena.speculation_line(views[side])
         assert line in [c.value for c in at.caption]
     assert race.engine.stopped_reason == "shut down"  # its own engine ended with the race
