@@ -55,8 +55,8 @@ EMPTY = RaceSnapshot("waiting", 0.0, {s: SideView.idle(s) for s in SIDES},
 
 @st.cache_resource(show_spinner=False)
 def chart_templates() -> list[dict]:
-    """Every live chart's spec, built and validated once per process, so a refresh only
-    sends new rows (and the first race is not timed while Altair loads its schema)."""
+    """Every live chart's Vega-Lite dict, built and validated once per process, so a refresh
+    only sends new rows (and the first race is not timed while Altair loads its schema)."""
     return [charts.template(build(frames.as_frame(cols)(EMPTY))) for build, cols in LIVE_CHARTS]
 
 
@@ -291,8 +291,8 @@ def server_panel(side: object) -> None:
 def live_charts(snap: RaceSnapshot) -> None:
     """The four charts, two per row, redrawn from the templates with the snapshot's rows."""
     cells = [cell for _ in range(2) for cell in st.columns(2)]
-    for cell, spec, (_, cols) in zip(cells, chart_templates(), LIVE_CHARTS, strict=True):
-        cell.vega_lite_chart(frames.as_table(cols)(snap), copy.deepcopy(spec), width="stretch")
+    for cell, vega, (_, cols) in zip(cells, chart_templates(), LIVE_CHARTS, strict=True):
+        cell.vega_lite_chart(frames.as_table(cols)(snap), copy.deepcopy(vega), width="stretch")
 
 
 def results(snap: RaceSnapshot) -> None:

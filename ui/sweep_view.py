@@ -6,7 +6,7 @@ connected-vs-active calculator, and the table with its CSV.
 
 The sweep runs on its own thread (`workloads.sweep.Sweep`); every figure shown comes from its
 points (engine.metrics) or from measure.hardware (the roofline of this machine, measured by
-measure.calibrate). Chart specs are built once per new point, not on every refresh, so the
+measure.calibrate). Chart dicts are built once per new point, not on every refresh, so the
 page takes little CPU from the measurement.
 """
 
@@ -254,8 +254,8 @@ def headline(points: pd.DataFrame, x: str) -> None:
                  f"{top[y + '_dc'] / top[y + '_loc']:.1f}x")
 
 
-def _spec_cached(key: tuple, build: Callable[[], alt.TopLevelMixin]) -> dict:
-    """A chart's Vega-Lite spec, built once per key (per new point), copied for each use."""
+def _vega_cached(key: tuple, build: Callable[[], alt.TopLevelMixin]) -> dict:
+    """A chart's Vega-Lite dict, built once per key (per new point), copied for each use."""
     cache = st.session_state.setdefault(KEY_CHARTS, {})
     if key not in cache:
         if len(cache) > 40:
@@ -294,7 +294,7 @@ def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.Data
     ]
     cells = [cell for _ in range(2) for cell in st.columns(2, gap="large")]
     for i, (cell, build) in enumerate(zip(cells, builders, strict=True)):
-        cell.vega_lite_chart(spec=_spec_cached((*key, i), build), width="stretch")
+        cell.vega_lite_chart(spec=_vega_cached((*key, i), build), width="stretch")
     if roof is not None:
         st.caption(f"Dashed grey: the roofline ceiling of this machine from measure/hardware.py "
                    f"(decode only, SmolLM2-135M profile): {roof.note} Per user, the measured "
@@ -334,7 +334,7 @@ def goodput_section(sweep: Sweep | None, snap: SweepSnapshot | None,
     slo = (float(ttft), tpot_ms / 1e3)
     points = charts.points_frame(rows(snap.points, sweep.plan, *slo) if snap else [])
     key = (sweep.job_id if sweep else None, len(snap.points) if snap else 0, slo)
-    right.vega_lite_chart(spec=_spec_cached(("goodput", *key),
+    right.vega_lite_chart(spec=_vega_cached(("goodput", *key),
                                             lambda: charts.goodput_chart(points, x)),
                           width="stretch")
     return slo
