@@ -69,13 +69,13 @@ class LocalPC(ServingBase):
         self.spec_decode = SpecDecodeStats()
         self.pacing = pacing
         self.loaded = loaded or LoadedModel.load(model, device, dtype)
-        spec = self.loaded.model.spec
-        if n_ctx > spec.max_position_embeddings:
+        arch = self.loaded.model.arch
+        if n_ctx > arch.max_position_embeddings:
             raise ValueError(
-                f"n_ctx must be <= the model context of {spec.max_position_embeddings}, "
+                f"n_ctx must be <= the model context of {arch.max_position_embeddings}, "
                 f"got {n_ctx}")
         self.n_ctx = n_ctx
-        self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
+        self.kv_bytes_per_token = arch.kv_bytes_per_token(self.loaded.model.dtype)
         num_blocks = -(-n_ctx // LOCAL_BLOCK)
         self.runner = ModelRunner(self.loaded.model, num_blocks, LOCAL_BLOCK)
         self.runner.speculative = self.speculation is not None

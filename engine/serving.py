@@ -165,7 +165,7 @@ class ServingBase:
         """The prompt's token ids, if this side can serve it with `params`; else
         `ValueError` naming the limit."""
         token_ids = self.loaded.encode(prompt)
-        check_vocab(params, self.loaded.model.spec.vocab_size)
+        check_vocab(params, self.loaded.model.arch.vocab_size)
         self._check_fits(token_ids, params)
         return token_ids
 

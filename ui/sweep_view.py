@@ -133,7 +133,7 @@ def _on_run() -> None:
     one = ss.get("sweep_prompts") == PROMPTS[1]
     prompts = [chat(ss["sweep_prompt"])] if one else [chat(t) for t in load_prompts().others]
     engine = shared.shared_engine().engine
-    if model_profile_key(engine.loaded.model.spec) is not None:
+    if model_profile_key(engine.loaded.model.arch) is not None:
         this_machine(engine.loaded.model.device.type)  # measured now, not during the sweep
     if SLOT.start(lambda: _sweep(engine, prompts, plan)) is not None:
         ss.pop(KEY_CHARTS, None)
@@ -270,7 +270,7 @@ def _roofline(sweep: Sweep | None) -> Roofline | None:
             or sweep.mean_prompt_tokens is None):
         return None  # a remote datacenter: its hardware is not this machine
     model = sweep.engine.loaded.model
-    key = model_profile_key(model.spec)
+    key = model_profile_key(model.arch)
     if key is None:
         return None
     profile_and_cal = this_machine(model.device.type)

@@ -101,9 +101,9 @@ def test_prefill_logits_match_transformers(loaded, hf_model, prompts):
     ids = prompts[3]
     n = len(ids)
     model = loaded.model
-    spec = model.spec
-    shape = (spec.num_kv_heads, 8, 16, spec.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(spec.num_layers)]
+    arch = model.arch
+    shape = (arch.num_kv_heads, 8, 16, arch.head_dim)
+    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(arch.num_layers)]
     meta = AttentionMetadata(slot_mapping=torch.arange(n), prefills=[PrefillChunk(0, n, n, None)])
     ours = model.forward(torch.tensor(ids), torch.arange(n), meta, caches, torch.arange(n))
     with torch.no_grad():
