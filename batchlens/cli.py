@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("measure.bench.cli",
               "the engine against transformers and the local PC on one request mix "
               "(`bench api`: over the API vs in-process; `bench serve`: load any "
-              "OpenAI-compatible server; `bench speculative` (or `spec`): speculative decoding on and off; "
+              "OpenAI-compatible server; `bench speculative` (alias `spec`): speculative "
+              "decoding on and off; "
               "`bench --host-overhead`: the engine loop's own cost per step)"),
     "sweep": ("workloads.sweep", "the load sweep: throughput and latency from 1 to 64 users"),
     "scenario": ("workloads.scenarios",
