@@ -4,7 +4,7 @@
     batchlens bench --host-overhead  host time per engine step around a stand-in model
     batchlens bench api [...]        the same requests over the API and in-process
     batchlens bench serve [...]      a load generator for any OpenAI-compatible server
-    batchlens bench spec [...]       speculative decoding on and off, 1 to 64 users
+    batchlens bench speculative [...]  speculative decoding on and off, 1 to 64 users
     batchlens sweep [...]            the load sweep: 1 to 64 users on both sides
     batchlens scenario [NAME] [...]  a scripted scenario with prefix caching on, then off
     batchlens race [...]             one race, headless: the arena page's numbers
@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("measure.bench.cli",
               "the engine against transformers and the local PC on one request mix "
               "(`bench api`: over the API vs in-process; `bench serve`: load any "
-              "OpenAI-compatible server; `bench spec`: speculative decoding on and off; "
+              "OpenAI-compatible server; `bench speculative` (alias `spec`): speculative "
+              "decoding on and off; "
               "`bench --host-overhead`: the engine loop's own cost per step)"),
     "sweep": ("workloads.sweep", "the load sweep: throughput and latency from 1 to 64 users"),
     "scenario": ("workloads.scenarios",

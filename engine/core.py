@@ -118,7 +118,7 @@ class EngineCore:
     ) -> None:
         self.runner, self.kv, self.scheduler = runner, kv, scheduler
         self.speculation = speculation
-        self.spec = SpecDecodeStats()
+        self.spec_decode = SpecDecodeStats()
         self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
         self.max_model_len = max_model_len
         self.requests: dict[str, Request] = {}
@@ -190,7 +190,7 @@ class EngineCore:
                 n_dec += 1
                 n_draft += len(seq.spec_token_ids)
                 n_accepted += len(tokens) - 1
-                self.spec.observe(len(seq.spec_token_ids), len(tokens) - 1)
+                self.spec_decode.observe(len(seq.spec_token_ids), len(tokens) - 1)
                 request = requests[seq.request_id]
                 before = len(seq.output_token_ids)
                 reason = append_verified(seq, tokens, end, request.detok, eos, max_len)

@@ -56,9 +56,9 @@ class Engine(ServingBase):
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.loaded = loaded or LoadedModel.load(config.model, config.device, config.dtype)
-        spec = self.loaded.model.spec
-        self.max_model_len = min(config.max_model_len or spec.max_position_embeddings,
-                                 spec.max_position_embeddings)
+        arch = self.loaded.model.arch
+        self.max_model_len = min(config.max_model_len or arch.max_position_embeddings,
+                                 arch.max_position_embeddings)
         num_blocks = config.num_kv_blocks or self._blocks_for_budget()
         if num_blocks * config.block_size < 2:
             raise ValueError(
@@ -66,7 +66,7 @@ class Engine(ServingBase):
                 "small for one request (needs >= 2 token slots)"
             )
         check_pool_memory(num_blocks, config.block_size,  # refuse before allocating
-                          spec.kv_bytes_per_token(self.loaded.model.dtype),
+                          arch.kv_bytes_per_token(self.loaded.model.dtype),
                           str(self.loaded.model.device))
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
@@ -78,7 +78,7 @@ class Engine(ServingBase):
         self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
                                self.loaded.eos_token_ids, self.max_model_len,
                                self.speculation)
-        self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
+        self.kv_bytes_per_token = arch.kv_bytes_per_token(self.loaded.model.dtype)
         self._inbox: list[Request] = []
         self._state_lock = threading.Lock()
         self._finish_listeners: list[Callable[[RequestOutput], None]] = []
@@ -91,7 +91,7 @@ class Engine(ServingBase):
     # ---- set-up --------------------------------------------------------------------
     def _blocks_for_budget(self) -> int:
         cfg, model = self.config, self.loaded.model
-        per_block = model.spec.kv_bytes_per_token(model.dtype) * cfg.block_size
+        per_block = model.arch.kv_bytes_per_token(model.dtype) * cfg.block_size
         if cfg.kv_cache_memory_gb is not None:
             budget = cfg.kv_cache_memory_gb * GIB
         elif model.device.type == "cuda":
@@ -135,7 +135,7 @@ class Engine(ServingBase):
                 kv=kv,
                 recent_steps=self._steps_after(steps_after),
                 stopped=self.stopped_reason,
-                spec=core.spec.copy() if self.speculation is not None else None,
+                spec_decode=core.spec_decode.copy() if self.speculation is not None else None,
             )
 
     def _steps_after(self, after: float | None) -> tuple[StepStats, ...]:
@@ -208,7 +208,7 @@ class Engine(ServingBase):
             self.core = EngineCore(self.runner, self.kv, self.scheduler, self.loaded.tokenizer,
                                    self.loaded.eos_token_ids, self.max_model_len,
                                    self.speculation)
-            self.core.steps, self.core.spec = old.steps, old.spec
+            self.core.steps, self.core.spec_decode = old.steps, old.spec_decode
             self.core.num_steps, self.core.num_finished, self.core.num_output_tokens = (
                 old.num_steps, old.num_finished, old.num_output_tokens)
         with self._cond:

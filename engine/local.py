@@ -66,16 +66,16 @@ class LocalPC(ServingBase):
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
         self.speculation = Speculation.of(speculative, num_speculative_tokens,
                                           prompt_lookup_min, prompt_lookup_max)
-        self.spec = SpecDecodeStats()
+        self.spec_decode = SpecDecodeStats()
         self.pacing = pacing
         self.loaded = loaded or LoadedModel.load(model, device, dtype)
-        spec = self.loaded.model.spec
-        if n_ctx > spec.max_position_embeddings:
+        arch = self.loaded.model.arch
+        if n_ctx > arch.max_position_embeddings:
             raise ValueError(
-                f"n_ctx must be <= the model context of {spec.max_position_embeddings}, "
+                f"n_ctx must be <= the model context of {arch.max_position_embeddings}, "
                 f"got {n_ctx}")
         self.n_ctx = n_ctx
-        self.kv_bytes_per_token = spec.kv_bytes_per_token(self.loaded.model.dtype)
+        self.kv_bytes_per_token = arch.kv_bytes_per_token(self.loaded.model.dtype)
         num_blocks = -(-n_ctx // LOCAL_BLOCK)
         self.runner = ModelRunner(self.loaded.model, num_blocks, LOCAL_BLOCK)
         self.runner.speculative = self.speculation is not None
@@ -106,7 +106,7 @@ class LocalPC(ServingBase):
                 max_num_running=1,
                 n_ctx=self.n_ctx,
                 emulated=self.pacing.label if self.pacing else None,
-                spec=self.spec.copy() if self.speculation is not None else None,
+                spec_decode=self.spec_decode.copy() if self.speculation is not None else None,
             )
 
     def shutdown(self) -> None:
@@ -180,7 +180,7 @@ class LocalPC(ServingBase):
                     release = max(release, time.monotonic())
                 before, now = len(seq.output_token_ids), time.monotonic()
                 if seq.spec_token_ids:
-                    self.spec.observe(len(seq.spec_token_ids), len(tokens) - 1)
+                    self.spec_decode.observe(len(seq.spec_token_ids), len(tokens) - 1)
                     reason = append_verified(seq, tokens, now, detok, eos, self.n_ctx)
                 else:
                     with self._cond:

@@ -87,7 +87,7 @@ class ServingStats:
     n_ctx: int | None = None
     emulated: str | None = None
     stopped: str | None = None  # why the side has stopped serving (None: it serves)
-    spec: SpecDecodeStats | None = None  # speculative decoding's counters (None: it is off)
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters (None: it is off)
 
 
 class ServingSide(Protocol):
@@ -165,7 +165,7 @@ class ServingBase:
         """The prompt's token ids, if this side can serve it with `params`; else
         `ValueError` naming the limit."""
         token_ids = self.loaded.encode(prompt)
-        check_vocab(params, self.loaded.model.spec.vocab_size)
+        check_vocab(params, self.loaded.model.arch.vocab_size)
         self._check_fits(token_ids, params)
         return token_ids
 

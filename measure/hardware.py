@@ -74,15 +74,15 @@ _HW = [
     # 5600 MT/s = 89.6 GB/s; ~24 GB left after OS/apps. 8 cores × ~3 GHz × 64 bf16 FLOP/cycle
     # (AVX-512 BF16) ≈ 1.5 TFLOPS peak. Offload = NVMe Gen4 SSD (~7 GB/s sequential read).
     HardwareProfile("laptop_cpu", "Laptop CPU (DDR5-5600, 32 GB)", 24, 89.6, 1.5, 7.0, "cpu",
-                    "JEDEC DDR5-5600 ×2 channels; AMD Ryzen 7 7840U spec"),
+                    "JEDEC DDR5-5600 ×2 channels; AMD Ryzen 7 7840U datasheet"),
     # 16-core Zen 4 desktop (Ryzen 9 7950X), 64 GB dual-channel DDR5-5600, ~56 GB usable;
     # 16 × ~4.5 GHz × 64 ≈ 4.6 TFLOPS bf16 peak.
     HardwareProfile("desktop_cpu", "Desktop CPU (DDR5-5600, 64 GB)", 56, 89.6, 4.6, 7.0, "cpu",
-                    "JEDEC DDR5-5600 ×2 channels; AMD Ryzen 9 7950X spec"),
+                    "JEDEC DDR5-5600 ×2 channels; AMD Ryzen 9 7950X datasheet"),
     # AD107, 24 SMs at up to 2.37 GHz: the 4090's per-SM bf16 rate scaled ≈ 29 TFLOPS.
     # PCIe 4.0 ×8 to the host = 15.75 GB/s.
     HardwareProfile("rtx4060_laptop", "RTX 4060 Laptop 8 GB", 8, 256, 29, 15.75, "gpu",
-                    "NVIDIA GeForce RTX 4060 Laptop GPU spec; Ada whitepaper"),
+                    "NVIDIA GeForce RTX 4060 Laptop GPU datasheet; Ada whitepaper"),
     # 165.2 TFLOPS bf16 dense (fp32 accumulate); PCIe 4.0 ×16 = 31.5 GB/s.
     HardwareProfile("rtx4090", "RTX 4090 24 GB", 24, 1008, 165, 31.5, "gpu",
                     "NVIDIA Ada GPU Architecture whitepaper (RTX 4090)"),

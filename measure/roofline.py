@@ -26,11 +26,11 @@ class Roofline:
     note: str
 
 
-def model_profile_key(spec: Any) -> str | None:
-    """The `measure.hardware` model profile with this architecture (a ModelSpec), if any."""
+def model_profile_key(arch: Any) -> str | None:
+    """The `measure.hardware` model profile with this architecture (a ModelArch), if any."""
     for m in hardware.MODELS.values():
         if (m.layers, m.hidden_size, m.num_kv_heads, m.head_dim) == (
-                spec.num_layers, spec.hidden_size, spec.num_kv_heads, spec.head_dim):
+                arch.num_layers, arch.hidden_size, arch.num_kv_heads, arch.head_dim):
             return m.key
     return None
 

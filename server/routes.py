@@ -181,7 +181,7 @@ class _API:
         self._authorize(request)
         body = await _json_body(request)
         engine = await self._engine()
-        ids = protocol.token_ids(body, "tokens", engine.loaded.model.spec.vocab_size)
+        ids = protocol.token_ids(body, "tokens", engine.loaded.model.arch.vocab_size)
         protocol.check_model(body, self.model_name)
         text = await anyio.to_thread.run_sync(
             lambda: engine.loaded.tokenizer.decode(ids, skip_special_tokens=False))

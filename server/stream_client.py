@@ -236,7 +236,7 @@ class SSEDecoder:
     """Server-sent events from raw bytes as they come: `feed(bytes)` gives the (event
     type, data) of every event completed so far, `close()` the one left at the end.
     Lines end in LF, CRLF or CR; comments, `id:`, `retry:` and lines without a field name
-    are skipped, as the SSE spec says."""
+    are skipped, as the SSE specification says."""
 
     def __init__(self) -> None:
         self._buffer = b""

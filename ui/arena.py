@@ -19,7 +19,7 @@ from server.remote import RemoteSide
 from ui import charts, endpoints, frames, hosting, inputs, method, server_charts, shared
 from ui.job_slot import JobSlot
 from ui.palette import SIDE_NAMES
-from workloads import scenarios, speculation
+from workloads import scenarios, speculative
 from workloads.job import ENGINE_CHANGED
 from workloads.prompts import Chat, load_prompts, user_prompts
 from workloads.race import Race, RaceSnapshot, SideView
@@ -55,8 +55,8 @@ EMPTY = RaceSnapshot("waiting", 0.0, {s: SideView.idle(s) for s in SIDES},
 
 @st.cache_resource(show_spinner=False)
 def chart_templates() -> list[dict]:
-    """Every live chart's spec, built and validated once per process, so a refresh only
-    sends new rows (and the first race is not timed while Altair loads its schema)."""
+    """Every live chart's Vega-Lite dict, built and validated once per process, so a refresh
+    only sends new rows (and the first race is not timed while Altair loads its schema)."""
     return [charts.template(build(frames.as_frame(cols)(EMPTY))) for build, cols in LIVE_CHARTS]
 
 
@@ -173,7 +173,7 @@ def _race(prompts: list[Chat], params: SamplingParams, you: int,
         own = None
         if not remote_dc:
             caps.check_queue(dc)
-            own = speculation.engine_with_speculation(dc, spec_dc, prompts, params.max_tokens)
+            own = speculative.engine_with_speculation(dc, spec_dc, prompts, params.max_tokens)
         try:
             return Race(own or dc, local, prompts, params, you=you,
                         heartbeat_timeout=SLOT.heartbeat_s, close_local=True,
@@ -291,8 +291,8 @@ def server_panel(side: object) -> None:
 def live_charts(snap: RaceSnapshot) -> None:
     """The four charts, two per row, redrawn from the templates with the snapshot's rows."""
     cells = [cell for _ in range(2) for cell in st.columns(2)]
-    for cell, spec, (_, cols) in zip(cells, chart_templates(), LIVE_CHARTS, strict=True):
-        cell.vega_lite_chart(frames.as_table(cols)(snap), copy.deepcopy(spec), width="stretch")
+    for cell, vega, (_, cols) in zip(cells, chart_templates(), LIVE_CHARTS, strict=True):
+        cell.vega_lite_chart(frames.as_table(cols)(snap), copy.deepcopy(vega), width="stretch")
 
 
 def results(snap: RaceSnapshot) -> None:

@@ -65,9 +65,9 @@ def batch_chart(df: pd.DataFrame) -> alt.Chart:
 
 
 def template(chart: alt.Chart) -> dict:
-    """The chart's Vega-Lite spec without its rows, validated once: a live page redraws
-    it with new rows (`st.vega_lite_chart(rows, spec)`) without rebuilding the chart."""
-    spec = chart.to_dict()
-    spec.pop("datasets", None)
-    spec.pop("data", None)
-    return spec
+    """The chart's Vega-Lite dict without its rows, validated once: a live page redraws
+    it with new rows (`st.vega_lite_chart(rows, vega)`) without rebuilding the chart."""
+    vega = chart.to_dict()
+    vega.pop("datasets", None)
+    vega.pop("data", None)
+    return vega

@@ -38,7 +38,7 @@ SLOW_REFRESH_S = 2 * REFRESH_S  # a view with less to show: the status strip, an
 HEARTBEAT_S = 5.0  # a job untouched for this long, its tab closed, cancels itself
 STOP_WAIT_S = 2.0  # Stop returns once the job's requests ended (their blocks are free)
 KINDS = {"race": "race", "sweep": "sweep", "kv": "KV cache scenario",  # job id prefixes
-         "spec": "speculative decoding comparison"}
+         "speculative": "speculative decoding comparison"}
 
 J = TypeVar("J", bound=BackgroundJob)
 

@@ -2,8 +2,8 @@
 Altair chart out. No Streamlit and no KV arithmetic here.
 
 Every chart takes its colours and labels from data columns or from fixed scales, so its
-spec does not depend on the rows: the page builds each once (`ui.charts.template`) and
-redraws it with new rows a few times a second.
+Vega-Lite dict does not depend on the rows: the page builds each once
+(`ui.charts.template`) and redraws it with new rows a few times a second.
 """
 
 from __future__ import annotations

@@ -38,18 +38,18 @@ MAX_RUNS = 10
 
 @st.cache_resource(show_spinner=False)
 def chart_templates() -> dict[str, dict]:
-    """Every chart's spec (the block maps once per grid width), built and validated once
-    per process: a refresh only sends new rows."""
-    specs = {
+    """Every chart's Vega-Lite dict (the block maps once per grid width), built and
+    validated once per process: a refresh only sends new rows."""
+    templates = {
         "steps": template(kv_charts.steps_chart(kv_frames.step_frame((), 0))),
         "waste": template(kv_charts.waste_chart(kv_frames.waste_frame([], BLOCK_SIZES, 16))),
     }
     for c in kv_frames.GRID_COLUMNS:
-        specs[f"block_map-{c}"] = template(
+        templates[f"block_map-{c}"] = template(
             kv_charts.block_map_chart(kv_frames.block_map_frame([]), c))
-        specs[f"contiguous-{c}"] = template(
+        templates[f"contiguous-{c}"] = template(
             kv_charts.contiguous_chart(kv_frames.contiguous_frame([], 0), c))
-    return specs
+    return templates
 
 
 def draw(name: str, df: pd.DataFrame) -> None:

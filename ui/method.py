@@ -60,7 +60,7 @@ def _local(loc: ServingStats) -> str:
 
 
 def _speculation(stats: ServingStats) -> str:
-    return "; speculative decoding (n-gram prompt lookup)" if stats.spec is not None else ""
+    return "; speculative decoding (n-gram prompt lookup)" if stats.spec_decode is not None else ""
 
 
 def race_setup(race: Race) -> dict[str, str]:
@@ -81,7 +81,7 @@ def race_setup(race: Race) -> dict[str, str]:
 
 def sweep_setup(sweep: Sweep) -> dict[str, str]:
     """How this sweep is measured."""
-    dc, loc, s = sweep.engine.stats(steps_after=None), sweep.local.stats(), sweep.spec
+    dc, loc, s = sweep.engine.stats(steps_after=None), sweep.local.stats(), sweep.plan
     load = ("users: each sends one request at the point's t=0" if s.mode == "users" else
             f"Poisson arrivals for {s.duration_s:g} s (seed {s.seed}), first at t=0")
     return {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import arena, presenter, spec_view
+from ui import arena, presenter, speculative_view
 from workloads import scenarios
 
 
@@ -18,7 +18,7 @@ def show() -> None:
     if not presenter.is_on():
         return
     st.caption("Scripted scenarios: fixed prompts, greedy decoding, the same text every run.")
-    disabled = arena.SLOT.running() or spec_view.SLOT.running()
+    disabled = arena.SLOT.running() or speculative_view.SLOT.running()
     keys = presenter.SCENARIOS
     for col, key in zip(st.columns(len(keys)), keys, strict=True):
         sc = scenarios.get(key)
@@ -27,8 +27,8 @@ def show() -> None:
             if key in scenarios.KV_SCENARIOS:
                 st.session_state[presenter.KEY_KV_START] = key
                 st.switch_page("pages/kv_cache.py")
-            elif key == spec_view.SCENARIO:  # speculation off and on, under the buttons
-                spec_view.start()
+            elif key == speculative_view.SCENARIO:  # speculation off and on, under the buttons
+                speculative_view.start()
                 st.rerun()
             else:
                 arena.start_scenario(key)

@@ -61,11 +61,12 @@ def state_chart(df: pd.DataFrame, title: str = "The server's own state") -> alt.
 
 @st.cache_resource(show_spinner=False)
 def _template() -> dict:
-    """The chart's spec without rows, built once per process (a refresh sends rows only)."""
-    spec = state_chart(history_frame([])).to_dict()
-    spec.pop("datasets", None)
-    spec.pop("data", None)
-    return spec
+    """The chart's Vega-Lite dict without rows, built once per process (a refresh sends
+    rows only)."""
+    vega = state_chart(history_frame([])).to_dict()
+    vega.pop("datasets", None)
+    vega.pop("data", None)
+    return vega
 
 
 def chart(side: RemoteSide) -> None:

@@ -69,11 +69,12 @@ def engine_settings(holder: SharedEngine) -> None:
         budget = st.number_input("Token budget per step", value=cfg.max_num_batched_tokens,
                                  step=1, disabled=locked)
         prefix = st.checkbox("Prefix caching", cfg.enable_prefix_caching, disabled=locked)
-        spec = st.checkbox("Speculative decoding (n-gram)", cfg.speculative is not None,
-                           disabled=locked,
-                           help="Up to 4 tokens looked up in each request's earlier text "
-                                "are checked in one step (the same tokens come out); the "
-                                "KV cache page's step timeline shows the drafts accepted.")
+        speculative = st.checkbox("Speculative decoding (n-gram)", cfg.speculative is not None,
+                                  disabled=locked,
+                                  help="Up to 4 tokens looked up in each request's earlier "
+                                       "text are checked in one step (the same tokens come "
+                                       "out); the KV cache page's step timeline shows the "
+                                       "drafts accepted.")
         entered = (st.text_input("Admin password", type="password") if password else None)
         applied = st.form_submit_button("Apply", type="primary", disabled=locked)
     if locked:
@@ -84,7 +85,7 @@ def engine_settings(holder: SharedEngine) -> None:
         _apply(holder, password, entered, dict(
             block_size=int(block_size), num_kv_blocks=int(num_blocks),
             max_num_seqs=int(max_seqs), max_num_batched_tokens=int(budget),
-            enable_prefix_caching=bool(prefix), speculative="ngram" if spec else None))
+            enable_prefix_caching=bool(prefix), speculative="ngram" if speculative else None))
     flash = st.session_state.pop(FLASH, None)
     if flash:
         st.sidebar.success(flash)

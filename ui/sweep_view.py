@@ -6,7 +6,7 @@ connected-vs-active calculator, and the table with its CSV.
 
 The sweep runs on its own thread (`workloads.sweep.Sweep`); every figure shown comes from its
 points (engine.metrics) or from measure.hardware (the roofline of this machine, measured by
-measure.calibrate). Chart specs are built once per new point, not on every refresh, so the
+measure.calibrate). Chart dicts are built once per new point, not on every refresh, so the
 page takes little CPU from the measurement.
 """
 
@@ -39,8 +39,8 @@ from workloads.sweep import (
     DEFAULT_RATES,
     DEFAULT_USERS,
     Sweep,
+    SweepPlan,
     SweepSnapshot,
-    SweepSpec,
     rows,
 )
 
@@ -90,19 +90,19 @@ def controls() -> None:
         if one:
             st.text_area("Prompt", key="sweep_prompt", height=90, disabled=running)
         endpoints.pickers("sweep", running)
-    spec, error = _spec()
+    plan, error = _plan()
     hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
-                        run_label="Run sweep", run_disabled=spec is None)
-    if spec is not None:
-        hint.caption(f"{count(spec.num_requests, 'request')} per side, "
-                     f"{count(spec.max_tokens, 'token')} each; at each load the datacenter "
+                        run_label="Run sweep", run_disabled=plan is None)
+    if plan is not None:
+        hint.caption(f"{count(plan.num_requests, 'request')} per side, "
+                     f"{count(plan.max_tokens, 'token')} each; at each load the datacenter "
                      "runs first, then the local PC: never both at once.")
     else:
         hint.caption(error)
     SLOT.show_error()
 
 
-def _spec() -> tuple[SweepSpec | None, str]:
+def _plan() -> tuple[SweepPlan | None, str]:
     """The sweep the controls describe, or None and why not."""
     ss = st.session_state
     bad = inputs.range_error("Max tokens per request",
@@ -112,46 +112,46 @@ def _spec() -> tuple[SweepSpec | None, str]:
     try:
         if ss.get("sweep_mode", "users") == "users":
             levels = tuple(int(u) for u in ss.get("sweep_users", DEFAULT_USERS))
-            spec = SweepSpec("users", levels, int(ss.get("sweep_max_tokens",
+            plan = SweepPlan("users", levels, int(ss.get("sweep_max_tokens",
                                                            DEFAULT_MAX_TOKENS)))
         else:
             levels = tuple(float(r) for r in ss.get("sweep_rates", DEFAULT_RATES))
-            spec = SweepSpec("rate", levels, int(ss.get("sweep_max_tokens", DEFAULT_MAX_TOKENS)),
+            plan = SweepPlan("rate", levels, int(ss.get("sweep_max_tokens", DEFAULT_MAX_TOKENS)),
                              float(ss.get("sweep_duration", DEFAULT_DURATION_S)))
     except ValueError as exc:
         return None, f"Not ready: {exc}"
     if ss.get("sweep_prompts") == PROMPTS[1] and not ss.get("sweep_prompt", "").strip():
         return None, "Type a prompt (or choose varied prompts) to enable Run."
-    return spec, ""
+    return plan, ""
 
 
 def _on_run() -> None:
     ss = st.session_state
-    spec, _ = _spec()
-    if spec is None:
+    plan, _ = _plan()
+    if plan is None:
         return
     one = ss.get("sweep_prompts") == PROMPTS[1]
     prompts = [chat(ss["sweep_prompt"])] if one else [chat(t) for t in load_prompts().others]
     engine = shared.shared_engine().engine
-    if model_profile_key(engine.loaded.model.spec) is not None:
+    if model_profile_key(engine.loaded.model.arch) is not None:
         this_machine(engine.loaded.model.device.type)  # measured now, not during the sweep
-    if SLOT.start(lambda: _sweep(engine, prompts, spec)) is not None:
+    if SLOT.start(lambda: _sweep(engine, prompts, plan)) is not None:
         ss.pop(KEY_CHARTS, None)
 
 
-def _sweep(engine: Engine, prompts: list[Chat], spec: SweepSpec) -> Sweep:
+def _sweep(engine: Engine, prompts: list[Chat], plan: SweepPlan) -> Sweep:
     """A sweep on the shared engine (or a configured remote datacenter) and a local PC of
     its own (or a configured remote one), the sides it built shut down with the sweep.
     Raises `ValueError` (nothing left running) on an impossible setting, an endpoint that
     does not answer, a point over the admin's caps, or a shared engine whose queue is full."""
     caps = hosting.caps()
-    caps.check(max(len(spec.arrivals(level)) for level in spec.levels), spec.max_tokens,
+    caps.check(max(len(plan.arrivals(level)) for level in plan.levels), plan.max_tokens,
                "sweep point")
     with endpoints.sides("sweep", engine, lambda: LocalPC(engine.loaded)) as (dc, local,
                                                                                remote_dc):
         if not remote_dc:
             caps.check_queue(dc)
-        return Sweep(dc, local, prompts, spec, heartbeat_timeout=SLOT.heartbeat_s,
+        return Sweep(dc, local, prompts, plan, heartbeat_timeout=SLOT.heartbeat_s,
                      close_local=True, close_engine=remote_dc,
                      connected=shared.session_connected())
 
@@ -169,8 +169,8 @@ def _live_view(sweep: Sweep | None) -> None:
     else:
         snap = sweep.snapshot()
         progress(snap, sweep)
-    x = sweep.spec.load_column if sweep else "users"
-    points = charts.points_frame(rows(snap.points, sweep.spec) if snap else [])
+    x = sweep.plan.load_column if sweep else "users"
+    points = charts.points_frame(rows(snap.points, sweep.plan) if snap else [])
     headline(points, x)
     main_charts(sweep, snap, points, x)
     remote_servers(sweep)
@@ -181,7 +181,7 @@ def _live_view(sweep: Sweep | None) -> None:
 
 def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
     """The progress bar and, at the end, how the sweep ended."""
-    total = 2 * len(sweep.spec.levels)
+    total = 2 * len(sweep.plan.levels)
     if not snap.finished:
         text = (f"Point {len(snap.points) + 1} of {total}: {_current(snap, sweep)} · "
                 f"{fmt_seconds(snap.elapsed)}")
@@ -201,8 +201,8 @@ def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
                    "requests in flight were cancelled and their KV blocks freed.")
     else:
         with st.container(key="sweep-summary"):
-            st.success(summary_sentence(charts.points_frame(rows(snap.points, sweep.spec)),
-                                        sweep.spec.load_column))
+            st.success(summary_sentence(charts.points_frame(rows(snap.points, sweep.plan)),
+                                        sweep.plan.load_column))
 
 
 def _current(snap: SweepSnapshot, sweep: Sweep) -> str:
@@ -210,7 +210,7 @@ def _current(snap: SweepSnapshot, sweep: Sweep) -> str:
     if snap.current is None:
         return "starting"
     side, level = snap.current
-    return f"{LABELS[side]}, {level:g} {UNITS[sweep.spec.load_column]}"
+    return f"{LABELS[side]}, {level:g} {UNITS[sweep.plan.load_column]}"
 
 
 def _side(points: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -254,8 +254,8 @@ def headline(points: pd.DataFrame, x: str) -> None:
                  f"{top[y + '_dc'] / top[y + '_loc']:.1f}x")
 
 
-def _spec_cached(key: tuple, build: Callable[[], alt.TopLevelMixin]) -> dict:
-    """A chart's Vega-Lite spec, built once per key (per new point), copied for each use."""
+def _vega_cached(key: tuple, build: Callable[[], alt.TopLevelMixin]) -> dict:
+    """A chart's Vega-Lite dict, built once per key (per new point), copied for each use."""
     cache = st.session_state.setdefault(KEY_CHARTS, {})
     if key not in cache:
         if len(cache) > 40:
@@ -266,16 +266,16 @@ def _spec_cached(key: tuple, build: Callable[[], alt.TopLevelMixin]) -> dict:
 
 def _roofline(sweep: Sweep | None) -> Roofline | None:
     """This machine's roofline over the sweep's user counts (users mode, known model)."""
-    if (sweep is None or sweep.spec.mode != "users" or not isinstance(sweep.engine, Engine)
+    if (sweep is None or sweep.plan.mode != "users" or not isinstance(sweep.engine, Engine)
             or sweep.mean_prompt_tokens is None):
         return None  # a remote datacenter: its hardware is not this machine
     model = sweep.engine.loaded.model
-    key = model_profile_key(model.spec)
+    key = model_profile_key(model.arch)
     if key is None:
         return None
     profile_and_cal = this_machine(model.device.type)
-    context = round(sweep.mean_prompt_tokens + sweep.spec.max_tokens / 2)
-    return roofline(profile_and_cal[1], key, model.dtype, user_grid(sweep.spec.levels), context)
+    context = round(sweep.mean_prompt_tokens + sweep.plan.max_tokens / 2)
+    return roofline(profile_and_cal[1], key, model.dtype, user_grid(sweep.plan.levels), context)
 
 
 def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.DataFrame,
@@ -294,12 +294,12 @@ def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.Data
     ]
     cells = [cell for _ in range(2) for cell in st.columns(2, gap="large")]
     for i, (cell, build) in enumerate(zip(cells, builders, strict=True)):
-        cell.vega_lite_chart(spec=_spec_cached((*key, i), build), width="stretch")
+        cell.vega_lite_chart(spec=_vega_cached((*key, i), build), width="stretch")
     if roof is not None:
         st.caption(f"Dashed grey: the roofline ceiling of this machine from measure/hardware.py "
                    f"(decode only, SmolLM2-135M profile): {roof.note} Per user, the measured "
                    "figure includes time spent queueing; the roofline does not.")
-    elif sweep is not None and sweep.spec.mode == "rate":
+    elif sweep is not None and sweep.plan.mode == "rate":
         st.caption("No roofline in rate mode: the batch is whatever the arrivals make it "
                    "(the mean_batch column of the table), not a setting.")
     elif sweep is not None:
@@ -332,9 +332,9 @@ def goodput_section(sweep: Sweep | None, snap: SweepSnapshot | None,
         st.caption("A request counts when its TTFT and its TPOT are both within the SLOs; "
                    "goodput = such requests / the point's wall time (engine/metrics.py).")
     slo = (float(ttft), tpot_ms / 1e3)
-    points = charts.points_frame(rows(snap.points, sweep.spec, *slo) if snap else [])
+    points = charts.points_frame(rows(snap.points, sweep.plan, *slo) if snap else [])
     key = (sweep.job_id if sweep else None, len(snap.points) if snap else 0, slo)
-    right.vega_lite_chart(spec=_spec_cached(("goodput", *key),
+    right.vega_lite_chart(spec=_vega_cached(("goodput", *key),
                                             lambda: charts.goodput_chart(points, x)),
                           width="stretch")
     return slo
@@ -392,7 +392,7 @@ def table(sweep: Sweep | None, snap: SweepSnapshot | None, slo: tuple[float, flo
     """Every point, goodput at the current SLOs, and its CSV."""
     if sweep is None or snap is None or not snap.points:
         return
-    df = pd.DataFrame.from_records(rows(snap.points, sweep.spec, *slo))
+    df = pd.DataFrame.from_records(rows(snap.points, sweep.plan, *slo))
     st.subheader("Every point")
     st.dataframe(df, hide_index=True, width="stretch")
     st.download_button("Download every point (CSV)", df.to_csv(index=False),

@@ -97,8 +97,8 @@ class _Side:
     summary: RunSummary | None = None
     last_step_start: float = 0.0
     users_ahead: int | None = None
-    spec0: SpecDecodeStats | None = None  # the side's speculation counters at its start
-    spec: SpecDecodeStats | None = None  # ... and since then (this race's drafts)
+    spec_decode0: SpecDecodeStats | None = None  # the side's speculation counters at its start
+    spec_decode: SpecDecodeStats | None = None  # ... and since then (this race's drafts)
 
 
 class Race(BackgroundJob):
@@ -181,10 +181,10 @@ class Race(BackgroundJob):
         return dataclasses.replace(self.params, seed=user)  # same draws on both sides
 
     def _run_side(self, side: _Side) -> None:
-        spec0 = side.server.stats(steps_after=None).spec
+        spec_decode0 = side.server.stats(steps_after=None).spec_decode
         with self._lock:
             self._phase = side.name
-            side.spec0 = spec0
+            side.spec_decode0 = spec_decode0
             side.t0 = time.monotonic()
             n = self.num_users
             try:
@@ -219,8 +219,8 @@ class Race(BackgroundJob):
         with self._lock:
             side.outputs, side.t_end = outputs, time.monotonic()
             side.summary = summarize([o.metrics for o in outputs])
-            if side.spec is not None:  # exact, from this race's own requests
-                side.spec = SpecDecodeStats(sum(o.num_drafts for o in outputs),
+            if side.spec_decode is not None:  # exact, from this race's own requests
+                side.spec_decode = SpecDecodeStats(sum(o.num_drafts for o in outputs),
                                             sum(o.num_draft_tokens for o in outputs),
                                             sum(o.num_accepted_tokens for o in outputs))
             self._replace_token_series(side, outputs)
@@ -252,9 +252,9 @@ class Race(BackgroundJob):
         with self._lock:
             you = side.handles[self.you]
             side.users_ahead = self._users_ahead(you, queue, ahead_running)
-            if stats.spec is not None and side.spec0 is not None and side.outputs is None:
-                s0, s = side.spec0, stats.spec
-                side.spec = SpecDecodeStats(s.num_drafts - s0.num_drafts,
+            if stats.spec_decode is not None and side.spec_decode0 is not None and side.outputs is None:
+                s0, s = side.spec_decode0, stats.spec_decode
+                side.spec_decode = SpecDecodeStats(s.num_drafts - s0.num_drafts,
                                             s.num_draft_tokens - s0.num_draft_tokens,
                                             s.num_accepted_tokens - s0.num_accepted_tokens)
             if side.first_token_seen is None and you.num_tokens > 0:
@@ -295,11 +295,11 @@ class Race(BackgroundJob):
             total_tps = total / elapsed if elapsed > 0 else None
         finished = sum(1 for h in side.handles
                        if h.done and h.result().finish_reason in ("stop", "length"))
-        spec = side.spec
+        spec_decode = side.spec_decode
         return SideView(side.name, n, True, done, elapsed, you.text, your_ttft, your_tps,
                         total, total_tps, finished, None if you.done else side.users_ahead,
-                        spec.acceptance_rate if spec else None,
-                        spec.mean_accepted_length if spec else None)
+                        spec_decode.acceptance_rate if spec_decode else None,
+                        spec_decode.mean_accepted_length if spec_decode else None)
 
     @staticmethod
     def _users_ahead(you: RequestHandle, waiting_ids: tuple[str, ...],

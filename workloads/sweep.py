@@ -59,7 +59,7 @@ MAX_USERS = 256
 
 
 @dataclass(frozen=True)
-class SweepSpec:
+class SweepPlan:
     """What to sweep. `levels`: user counts ("users") or arrival rates in requests/s ("rate"),
     run in increasing order."""
 
@@ -162,12 +162,12 @@ class SweepSnapshot:
 
 
 class Sweep(BackgroundJob):
-    """Run `spec` on both sides. User i of a point sends `prompts[i % len(prompts)]`, greedy,
+    """Run `plan` on both sides. User i of a point sends `prompts[i % len(prompts)]`, greedy,
     EOS ignored, so each request makes exactly `max_tokens` tokens. Prompts are encoded and
     checked against both sides' limits here: a bad input raises `ValueError` before any run."""
 
     def __init__(self, engine: ServingSide, local: ServingSide, prompts: Sequence[Prompt],
-                 spec: SweepSpec | None = None, *, heartbeat_timeout: float | None = None,
+                 plan: SweepPlan | None = None, *, heartbeat_timeout: float | None = None,
                  interval: float = 0.1, close_local: bool = False, close_engine: bool = False,
                  connected: Callable[[], bool] | None = None) -> None:
         if not prompts:
@@ -175,14 +175,14 @@ class Sweep(BackgroundJob):
         owned = [side for side, close in ((local, close_local), (engine, close_engine)) if close]
         super().__init__("sweep", heartbeat_timeout, connected, owned)
         self.engine, self.local = engine, local
-        self.spec, self.interval = spec or SweepSpec(), interval
-        self.params = SamplingParams(max_tokens=self.spec.max_tokens, ignore_eos=True)
+        self.plan, self.interval = plan or SweepPlan(), interval
+        self.params = SamplingParams(max_tokens=self.plan.max_tokens, ignore_eos=True)
         self.num_prompts = len(prompts)
         # what each side is sent: token ids where it tokenizes, else the prompt itself
         self.side_prompts = prompts_for_sides({"datacenter": engine, "local": local}, prompts,
                                               self.params)
         self.num_threads = torch.get_num_threads()
-        self._total = 2 * self.spec.num_requests
+        self._total = 2 * self.plan.num_requests
         self._points: list[SweepPoint] = []
         self._handles: list[RequestHandle] = []
         self._current: tuple[str, float] | None = None
@@ -215,8 +215,8 @@ class Sweep(BackgroundJob):
     def _work(self) -> None:
         with self._lock:
             self._phase = "running"
-        for i, level in enumerate(self.spec.levels):
-            for side in self.spec.order:
+        for i, level in enumerate(self.plan.levels):
+            for side in self.plan.order:
                 if self._stop.is_set():
                     break
                 point = self._run_point(side, i, level)
@@ -232,7 +232,7 @@ class Sweep(BackgroundJob):
     def _run_point(self, side: str, index: int, level: float) -> SweepPoint | None:
         """Submit this load's requests as they arrive; wait for them; None if stopped."""
         server = self.engine if side == "datacenter" else self.local
-        arrivals = self.spec.arrivals(level)
+        arrivals = self.plan.arrivals(level)
         with self._lock:
             self._current = (side, level)
         cpu0, t0 = cpu_sample(), time.monotonic()
@@ -308,16 +308,16 @@ class Sweep(BackgroundJob):
 
 
 
-def rows(points: Sequence[SweepPoint], spec: SweepSpec, ttft_slo: float | None = None,
+def rows(points: Sequence[SweepPoint], plan: SweepPlan, ttft_slo: float | None = None,
          tpot_slo: float | None = None) -> list[dict[str, Any]]:
     """Every point as a CSV row, in the order measured."""
-    return [p.row(spec.load_column, ttft_slo, tpot_slo) for p in points]
+    return [p.row(plan.load_column, ttft_slo, tpot_slo) for p in points]
 
 
 # ---- command line --------------------------------------------------------------------
-def format_table(points: Sequence[SweepPoint], spec: SweepSpec) -> str:
+def format_table(points: Sequence[SweepPoint], plan: SweepPlan) -> str:
     """One fixed-width line per point; latencies in ms."""
-    load = "users" if spec.mode == "users" else "req/s"
+    load = "users" if plan.mode == "users" else "req/s"
     head = (f"{'side':<11}{load:>6}{'reqs':>6}{'tokens':>7}{'wall s':>8}{'tok/s':>8}"
             f"{'tok/s/user':>11}{'TTFT p50':>9}{'TTFT p99':>9}{'E2E p50':>9}{'E2E p99':>9}"
             f"{'batch':>6}{'others':>7}")
@@ -345,9 +345,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep")
     ap.add_argument("--prompt", help="one prompt for every user (default: varied prompts)")
     a = ap.parse_args(argv)
     try:
-        spec = (SweepSpec("rate", tuple(float(x) for x in a.rate.split(",")), a.max_tokens,
+        plan = (SweepPlan("rate", tuple(float(x) for x in a.rate.split(",")), a.max_tokens,
                           a.duration) if a.rate else
-                SweepSpec("users", tuple(int(x) for x in a.users.split(",")), a.max_tokens))
+                SweepPlan("users", tuple(int(x) for x in a.users.split(",")), a.max_tokens))
     except ValueError as exc:
         ap.error(str(exc))
     prompts = [chat(a.prompt)] if a.prompt else varied_prompts()
@@ -355,13 +355,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep")
         dc = engine.stats(steps_after=None)
         print(f"model {dc.model} on {dc.device}, {dc.dtype} ({dc.dtype_reason}), "
               f"{torch.get_num_threads()} threads")
-        sweep = Sweep(engine, local, prompts, spec)
-        print(f"{spec.num_requests} requests per side, max_tokens {spec.max_tokens}, "
+        sweep = Sweep(engine, local, prompts, plan)
+        print(f"{plan.num_requests} requests per side, max_tokens {plan.max_tokens}, "
               f"{sweep.mean_prompt_tokens or 0:.0f} prompt tokens on average, EOS ignored",
               flush=True)
         sweep.start().join()
         snap = sweep.snapshot()
-    print(format_table(snap.points, spec))
+    print(format_table(snap.points, plan))
     print("(latencies in ms; batch: mean sequences per step; others: CPU share other "
           "processes used)")
     print(f"sweep {snap.phase} in {snap.elapsed:.1f} s" + (f": {snap.error}" if snap.error else ""))

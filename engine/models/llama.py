@@ -24,7 +24,7 @@ from engine.models.linear import Linear, should_pack, should_pack_lm_head
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelArch:
     """Architecture facts read from config.json."""
 
     model_type: str
@@ -41,7 +41,7 @@ class ModelSpec:
     attention_bias: bool
 
     @classmethod
-    def from_config(cls, cfg: dict) -> ModelSpec:
+    def from_config(cls, cfg: dict) -> ModelArch:
         heads = cfg["num_attention_heads"]
         model_type = cfg["model_type"]
         return cls(
@@ -65,13 +65,15 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
-def rope_inv_freq(cfg: dict, spec: ModelSpec) -> tuple[torch.Tensor, float]:
+ModelSpec = ModelArch  # the runner imports ModelSpec until the attention split lands
+
+def rope_inv_freq(cfg: dict, arch: ModelArch) -> tuple[torch.Tensor, float]:
     """RoPE inverse frequencies and attention scaling, as transformers computes them."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     if rope_type == "default":
-        dim = spec.head_dim
+        dim = arch.head_dim
         inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         return inv, 1.0
     from transformers import AutoConfig
@@ -100,10 +102,10 @@ class LlamaModel:
     """Weights plus the forward pass; holds no KV cache (the runner owns it)."""
 
     def __init__(
-        self, spec: ModelSpec, state: dict[str, torch.Tensor], inv_freq: torch.Tensor,
+        self, arch: ModelArch, state: dict[str, torch.Tensor], inv_freq: torch.Tensor,
         rope_scaling: float, device: torch.device, dtype: torch.dtype,
     ) -> None:
-        self.spec, self.device, self.dtype = spec, device, dtype
+        self.arch, self.device, self.dtype = arch, device, dtype
 
         def w(name: str) -> torch.Tensor:
             if name not in state:
@@ -116,12 +118,12 @@ class LlamaModel:
         self.embed = w("model.embed_tokens.weight")
         self.norm = w("model.norm.weight")
         head = should_pack_lm_head(device, dtype)
-        if spec.tie_word_embeddings or "lm_head.weight" not in state:
+        if arch.tie_word_embeddings or "lm_head.weight" not in state:
             self.lm_head = Linear(self.embed, pack=head, kernel=kernel)
         else:
             self.lm_head = Linear(w("lm_head.weight"), pack=head, kernel=kernel)
         self.layers: list[Layer] = []
-        for i in range(spec.num_layers):
+        for i in range(arch.num_layers):
             p = f"model.layers.{i}."
             att, mlp = p + "self_attn.", p + "mlp."
             bias = None
@@ -145,22 +147,27 @@ class LlamaModel:
         self.cpu_onednn_matmuls = device.type == "cpu" and any(
             lin.packed or (dtype != torch.float32 and not lin.kernel) for lin in linears)
         # cos/sin for every position, in float32 as transformers computes them
-        pos = torch.arange(spec.max_position_embeddings, dtype=torch.float32)
+        pos = torch.arange(arch.max_position_embeddings, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = (emb.cos() * rope_scaling).to(device=device, dtype=dtype)
         self.sin = (emb.sin() * rope_scaling).to(device=device, dtype=dtype)
-        self.scale = 1.0 / math.sqrt(spec.head_dim)
+        self.scale = 1.0 / math.sqrt(arch.head_dim)
+
+    @property
+    def spec(self) -> ModelArch:
+        """`arch` under its old name, read-only."""
+        return self.arch  # the runner reads .spec until the attention split lands
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:
         cfg = loader.read_config(folder)
-        spec = ModelSpec.from_config(cfg)
-        inv, scaling = rope_inv_freq(cfg, spec)
-        return cls(spec, loader.read_state_dict(folder), inv, scaling, device, dtype)
+        arch = ModelArch.from_config(cfg)
+        inv, scaling = rope_inv_freq(cfg, arch)
+        return cls(arch, loader.read_state_dict(folder), inv, scaling, device, dtype)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        eps = self.spec.rms_norm_eps
+        eps = self.arch.rms_norm_eps
         if x.dtype == torch.float32:
             # as transformers: normalise, then scale (bit-identical in float32)
             return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
@@ -185,9 +192,9 @@ class LlamaModel:
         model's dtype (greedy sampling reads bfloat16 in place; the sampler takes float32)."""
         if self.fused_ops:
             return self._forward_fused(input_ids, positions, meta, kv_caches, logits_rows)
-        spec = self.spec
+        arch = self.arch
         t = input_ids.shape[0]
-        h, kvh, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        h, kvh, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         q_size, kv_size = h * d, kvh * d
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
@@ -214,9 +221,9 @@ class LlamaModel:
     ) -> torch.Tensor:
         """`forward` with the layer's elementwise work in three fused calls (csrc/layer_ops):
         the residual stream `x` is updated in place by each `add_rms_norm`."""
-        spec, ops = self.spec, torch.ops.batchlens
-        t, eps = input_ids.shape[0], spec.rms_norm_eps
-        h, kvh, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        arch, ops = self.arch, torch.ops.batchlens
+        t, eps = input_ids.shape[0], arch.rms_norm_eps
+        h, kvh, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         q_end, k_end = h * d, (h + kvh) * d
         x = self.embed[input_ids]
         delta = None

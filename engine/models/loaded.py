@@ -67,7 +67,7 @@ class LoadedModel:
             if not prompt:
                 raise ValueError("prompt must not be empty")
             if all(isinstance(t, int) for t in prompt):
-                vocab = self.model.spec.vocab_size
+                vocab = self.model.arch.vocab_size
                 if any(t < 0 or t >= vocab for t in prompt):
                     raise ValueError(f"prompt: token ids must be in [0, {vocab})")
                 return list(prompt)

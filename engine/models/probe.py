@@ -73,15 +73,15 @@ def measure_cpu_dtype(folder: Path, device: torch.device) -> tuple[torch.dtype, 
     """bfloat16 or float32, whichever runs the two decode steps faster together (the
     geometric mean of the two speed-ups), and the reason in words."""
     from engine.models import loader
-    from engine.models.llama import LlamaModel, ModelSpec, rope_inv_freq
+    from engine.models.llama import LlamaModel, ModelArch, rope_inv_freq
 
     cfg = loader.read_config(folder)
-    spec = ModelSpec.from_config(cfg)
-    inv, scaling = rope_inv_freq(cfg, spec)
+    arch = ModelArch.from_config(cfg)
+    inv, scaling = rope_inv_freq(cfg, arch)
     state = loader.read_state_dict(folder)
     steps = {}
     for dtype in ("bfloat16", "float32"):
-        model = LlamaModel(spec, state, inv, scaling, device, getattr(torch, dtype))
+        model = LlamaModel(arch, state, inv, scaling, device, getattr(torch, dtype))
         steps[f"{dtype}@{BATCH}"] = decode_step(model, BATCH)
         steps[f"{dtype}@1"] = decode_step(model, 1)
     threads = torch.get_num_threads()

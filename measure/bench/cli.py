@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Load the model once, run the chosen runs in turn, print and optionally save.
     `api` as the first argument runs the API vs in-process bench instead; `serve` the
-    HTTP load generator against a running server; `spec` speculative decoding on and off."""
+    HTTP load generator against a running server; `speculative` (alias `spec`) speculative
+    decoding on and off."""
     if argv and argv[0] == "api":
         from measure.bench import api
 
@@ -85,10 +86,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from measure.bench import serve
 
         return serve.main(argv[1:], prog=f"{prog} serve")
-    if argv and argv[0] == "spec":
-        from measure.bench import spec
+    if argv and argv[0] in ("speculative", "spec"):  # `spec`: the name it had first
+        from measure.bench import speculative
 
-        return spec.main(argv[1:], prog=f"{prog} spec")
+        return speculative.main(argv[1:], prog=f"{prog} speculative")
     a = parse_args(argv, prog)
     if a.report:
         print(report_saved(a.report))

@@ -34,7 +34,7 @@ from engine.engine import Engine
 from engine.models import native
 from engine.models.attention import AttentionMetadata
 from engine.models.device import device_name, pick_device, pick_dtype
-from engine.models.llama import ModelSpec
+from engine.models.llama import ModelArch
 from engine.models.loaded import LoadedModel, freeze_heap
 from engine.serving import ALL_STEPS
 
@@ -45,7 +45,7 @@ BLOCK_SIZE = 16
 MAX_TOKENS = 2000  # more than any size needs: requests are still decoding when it stops
 # SmolLM2-135M's shapes, with no layers: the runner allocates no KV tensors, so a pool for
 # 1,024 requests costs no memory, while block tables and slot mappings keep their sizes.
-SMOLLM2_SHAPES = ModelSpec(
+SMOLLM2_SHAPES = ModelArch(
     model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
     num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
     max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False,
@@ -62,12 +62,17 @@ class InstantModel:
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, max_rows: int = 4096) -> None:
-        self.spec = replace(SMOLLM2_SHAPES, num_layers=0)
+        self.arch = replace(SMOLLM2_SHAPES, num_layers=0)
         self.device, self.dtype = device, dtype
         rows = torch.arange(max_rows)
         logits = torch.zeros(max_rows, LOGITS_WIDTH)
         logits[rows, 256 + (rows * 37) % (LOGITS_WIDTH - 256)] = 1.0
         self.logits = logits.to(device)
+
+    @property
+    def spec(self) -> ModelArch:
+        """`arch` under its old name, read-only."""
+        return self.arch  # the runner reads .spec until the attention split lands
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

@@ -25,7 +25,7 @@ def roofline_floor(loaded: LoadedModel, reqs: list[BenchRequest], concurrency: i
     says (by default measured by `measure.calibrate`, about 3 s; `measurements`: how many
     it is the best of), and its ratio on reference GPUs; None for a model with no profile
     in measure/hardware.py."""
-    key = model_profile_key(loaded.model.spec)
+    key = model_profile_key(loaded.model.arch)
     if key is None:
         return None
     model = loaded.model

@@ -136,7 +136,7 @@ def test_a_bfloat16_model_runs_every_matmul_in_the_kernel(tiny_models, kind: str
     onednn = LlamaModel.from_folder(tiny_models[kind], CPU, torch.bfloat16)
     assert not any(lin.kernel for lin in [onednn.lm_head, onednn.layers[0].qkv])
     assert onednn.cpu_onednn_matmuls
-    x = torch.randn(5, model.spec.hidden_size, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(5, model.arch.hidden_size, generator=torch.Generator().manual_seed(5))
     x = x.bfloat16()
     for ours, theirs in ((model.layers[0].qkv, onednn.layers[0].qkv),
                          (model.lm_head, onednn.lm_head)):

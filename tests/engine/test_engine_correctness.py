@@ -101,9 +101,9 @@ def test_prefill_logits_match_transformers(loaded, hf_model, prompts):
     ids = prompts[3]
     n = len(ids)
     model = loaded.model
-    spec = model.spec
-    shape = (spec.num_kv_heads, 8, 16, spec.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(spec.num_layers)]
+    arch = model.arch
+    shape = (arch.num_kv_heads, 8, 16, arch.head_dim)
+    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(arch.num_layers)]
     meta = AttentionMetadata(slot_mapping=torch.arange(n), prefills=[PrefillChunk(0, n, n, None)])
     ours = model.forward(torch.tensor(ids), torch.arange(n), meta, caches, torch.arange(n))
     with torch.no_grad():
@@ -125,9 +125,9 @@ SPEC = dict(speculative="ngram", num_speculative_tokens=4, prompt_lookup_min=1,
 def test_speculative_greedy_matches_transformers(loaded, prompts, reference, case, cfg):
     outs, stats = run_engine(loaded, prompts, **cfg, **SPEC)
     assert [o.token_ids for o in outs] == reference
-    spec = stats.spec
-    assert spec.num_draft_tokens > spec.num_accepted_tokens > 0  # accepted and rolled back
-    assert sum(o.num_accepted_tokens for o in outs) == spec.num_accepted_tokens
+    spec_decode = stats.spec_decode
+    assert spec_decode.num_draft_tokens > spec_decode.num_accepted_tokens > 0  # accepted and rolled back
+    assert sum(o.num_accepted_tokens for o in outs) == spec_decode.num_accepted_tokens
     assert stats.kv.used_blocks == 0
     if case == "preemption":
         assert stats.num_preemptions > 0
@@ -147,7 +147,7 @@ def test_speculative_prefix_cache_hit_matches(loaded, hf_model):
         second = engine.generate(batch[1:], params)
         stats = engine.stats()
     assert [o.token_ids for o in first + second] == ref
-    assert second[0].num_cached_tokens == 48 and stats.spec.num_accepted_tokens > 0
+    assert second[0].num_cached_tokens == 48 and stats.spec_decode.num_accepted_tokens > 0
 
 
 def test_speculative_local_pc_matches_and_seeds_repeat(loaded, prompts, reference):
@@ -160,4 +160,4 @@ def test_speculative_local_pc_matches_and_seeds_repeat(loaded, prompts, referenc
         stats = local.stats()
     assert [o.token_ids for o in outs] == reference[1:2]
     assert again[0] == again[1]
-    assert stats.spec.num_draft_tokens > stats.spec.num_accepted_tokens > 0
+    assert stats.spec_decode.num_draft_tokens > stats.spec_decode.num_accepted_tokens > 0

@@ -143,7 +143,7 @@ def test_the_fused_bfloat16_forward_gives_the_unfused_logits(tiny_models):
 
     model = LlamaModel.from_folder(tiny_models["llama"], torch.device("cpu"), torch.bfloat16)
     assert model.fused_ops
-    spec = model.spec
+    arch = model.arch
     ids = torch.tensor([5, 9, 300, 17, 2, 44, 81, 7, 600, 3])
     positions = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1, 2, 3])
     meta = AttentionMetadata(slot_mapping=torch.arange(10),
@@ -151,12 +151,12 @@ def test_the_fused_bfloat16_forward_gives_the_unfused_logits(tiny_models):
     logits = []
     for fused in (True, False):
         model.fused_ops = fused
-        caches = [(torch.zeros(spec.num_kv_heads, 4, 8, spec.head_dim, dtype=torch.bfloat16),
-                   torch.zeros(spec.num_kv_heads, 4, 8, spec.head_dim, dtype=torch.bfloat16))
-                  for _ in range(spec.num_layers)]
+        caches = [(torch.zeros(arch.num_kv_heads, 4, 8, arch.head_dim, dtype=torch.bfloat16),
+                   torch.zeros(arch.num_kv_heads, 4, 8, arch.head_dim, dtype=torch.bfloat16))
+                  for _ in range(arch.num_layers)]
         logits.append(model.forward(ids, positions, meta, caches, torch.tensor([5, 9])))
     fused, plain = logits
-    assert fused.dtype == torch.bfloat16 and fused.shape == (2, spec.vocab_size)
+    assert fused.dtype == torch.bfloat16 and fused.shape == (2, arch.vocab_size)
     fused, plain = fused.float(), plain.float()
     assert (fused - plain).abs().max().item() < 0.05 * plain.abs().max().item()
     assert torch.equal(fused.argmax(-1), plain.argmax(-1))

@@ -181,6 +181,6 @@ def test_prefill_rows_by_the_kernel_match_the_sdpa_path():
         assert (not meta.prefills) is paged
         out = loaded.model.forward(ids, pos, meta, runner.kv_caches, rows)[: len(sampled)]
         logits[paged] = out.softmax(-1)
-    assert logits[True].shape == (4, loaded.model.spec.vocab_size)
+    assert logits[True].shape == (4, loaded.model.arch.vocab_size)
     assert (0.5 * (logits[True] - logits[False]).abs().sum(-1)).max().item() < 0.1
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))

@@ -147,10 +147,10 @@ def test_speculative_greedy_with_penalties_equals_the_reference(loaded, hf_model
         logit_bias={13: 1.0},
         logprobs=1,
     )
-    spec = dict(speculative="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
-    with Engine(EngineConfig(**CPU32, **spec), loaded=loaded) as engine:
+    speculative = dict(speculative="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
+    with Engine(EngineConfig(**CPU32, **speculative), loaded=loaded) as engine:
         [out] = engine.generate([ids], params)
-        drafts = engine.stats().spec.num_draft_tokens
+        drafts = engine.stats().spec_decode.num_draft_tokens
     check_teacher_forced(hf_model, ids, params, out)
     assert drafts > 0 and len(out.logprobs) == len(out.token_ids)
 

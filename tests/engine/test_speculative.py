@@ -108,11 +108,11 @@ class FakeScriptedRunner:
 
 
 def make_core(runner, num_blocks: int = 256, block_size: int = 4, max_num_seqs: int = 64,
-              budget: int = 512, spec: Speculation | None = None,
+              budget: int = 512, speculation: Speculation | None = None,
               caching: bool = True) -> EngineCore:
     kv = KVCacheManager(num_blocks, block_size, caching)
     return EngineCore(runner, kv, Scheduler(kv, max_num_seqs, budget), FakeTokenizer(),
-                      frozenset({EOS}), max_model_len=10_000, speculation=spec)
+                      frozenset({EOS}), max_model_len=10_000, speculation=speculation)
 
 
 def add(core: EngineCore, rid: str, prompt: list[int], params: SamplingParams) -> Request:
@@ -242,16 +242,16 @@ PROMPT = [0, 1, 3, 0, 1, 2, 0, 1]
 SAMPLED = SamplingParams(max_tokens=4, temperature=0.8, top_k=3, ignore_eos=True)
 
 
-def sampled_outputs(spec: Speculation | None, n: int,
+def sampled_outputs(speculation: Speculation | None, n: int,
                     seed0: int = 0) -> tuple[dict[str, list[int]], SpecDecodeStats]:
     """Outputs of `n` seeded requests (seeds from `seed0`) and the drafting counters."""
     core = make_core(FakeBigramRunner(FakeBigramModel()), num_blocks=4096,
-                     max_num_seqs=512, budget=8192, spec=spec)
+                     max_num_seqs=512, budget=8192, speculation=speculation)
     for i in range(n):
         add(core, f"r{i}", PROMPT, dataclasses.replace(SAMPLED, seed=seed0 + i))
     outs = run(core)
     assert core.kv.stats().used_blocks == 0
-    return outs, core.spec
+    return outs, core.spec_decode
 
 
 def expected_joint(model: FakeBigramModel, params: SamplingParams, prev: int,
@@ -275,24 +275,24 @@ def test_sampled_outputs_match_the_target_distribution(rule, monkeypatch):
     p ~ 1e-97."""
     monkeypatch.setattr(speculative, "accept_sampled", rule)
     n = 3000
-    outs, spec = sampled_outputs(Speculation(3, 1, 2), n)
-    assert spec.num_draft_tokens > spec.num_drafts > 4000  # drafts of several tokens
-    assert spec.num_draft_tokens - spec.num_accepted_tokens > spec.num_accepted_tokens > 400
+    outs, spec_decode = sampled_outputs(Speculation(3, 1, 2), n)
+    assert spec_decode.num_draft_tokens > spec_decode.num_drafts > 4000  # drafts of several tokens
+    assert spec_decode.num_draft_tokens - spec_decode.num_accepted_tokens > spec_decode.num_accepted_tokens > 400
     expected = expected_joint(FakeBigramModel(), SAMPLED, PROMPT[-1], SAMPLED.max_tokens)
     p = chi_square_p(Counter(tuple(o) for o in outs.values()), expected, n)
     assert (p > 1e-3) if rule is accept_sampled else (p < 1e-9), p
 
 
 def test_seeded_requests_are_reproducible_and_batch_independent():
-    (a, spec), (b, _) = (sampled_outputs(Speculation(3, 1, 2), 40) for _ in range(2))
-    assert a == b and spec.num_accepted_tokens > 0
+    (a, spec_decode), (b, _) = (sampled_outputs(Speculation(3, 1, 2), 40) for _ in range(2))
+    assert a == b and spec_decode.num_accepted_tokens > 0
     alone, _ = sampled_outputs(Speculation(3, 1, 2), 1, seed0=7)  # request 7, by itself
     assert alone["r0"] == a["r7"]
 
 
 def test_greedy_output_is_identical_with_and_without_speculation():
-    def greedy(spec):
-        core = make_core(FakeBigramRunner(FakeBigramModel(vocab=6, seed=5)), spec=spec,
+    def greedy(speculation):
+        core = make_core(FakeBigramRunner(FakeBigramModel(vocab=6, seed=5)), speculation=speculation,
                          budget=24)
         prompts = [PROMPT, [1, 2, 1, 2, 1], [5, 5, 5, 4], [3] * 20, [0, 3, 1, 4, 1, 5]]
         for i, p in enumerate(prompts):
@@ -302,8 +302,8 @@ def test_greedy_output_is_identical_with_and_without_speculation():
     plain, _ = greedy(None)
     spec_out, core = greedy(Speculation(4, 1, 3))
     assert spec_out == plain
-    assert core.spec.num_accepted_tokens > 0
-    assert core.spec.num_draft_tokens > core.spec.num_accepted_tokens  # some rolled back
+    assert core.spec_decode.num_accepted_tokens > 0
+    assert core.spec_decode.num_draft_tokens > core.spec_decode.num_accepted_tokens  # some rolled back
     assert any(s.num_accepted_tokens for s in core.steps)
     assert core.kv.stats().used_blocks == 0
 
@@ -313,7 +313,7 @@ def decoding_core(budget: int, num_blocks: int, block_size: int = 4) -> EngineCo
     """Requests a and b, prefilled: each has sampled token 12 after [11, 12, ... 18, 11],
     so its suffix [11, 12] proposes the 4 drafts [13, 14, 15, 16]."""
     core = make_core(FakeScriptedRunner(block_size, token=12), num_blocks, block_size,
-                     budget=100, spec=Speculation(4, 1, 2))
+                     budget=100, speculation=Speculation(4, 1, 2))
     for rid in ("a", "b"):
         add(core, rid, [11, 12, 13, 14, 15, 16, 17, 18, 11], SamplingParams(max_tokens=20))
     core.step()
@@ -349,8 +349,8 @@ def test_rollback_frees_the_blocks_of_rejected_drafts():
     assert b.output_token_ids == [12, 13, 8] and b.num_computed_tokens == 11
     assert len(core.kv.block_tables["b"]) == 6
     check_invariants(core.kv)
-    assert (core.spec.num_drafts, core.spec.num_draft_tokens,
-            core.spec.num_accepted_tokens) == (2, 8, 1)
+    assert (core.spec_decode.num_drafts, core.spec_decode.num_draft_tokens,
+            core.spec_decode.num_accepted_tokens) == (2, 8, 1)
     step = core.steps[-1]
     assert (step.num_decode_tokens, step.num_draft_tokens, step.num_accepted_tokens,
             step.num_prefill_tokens) == (2, 8, 1, 0)
@@ -367,7 +367,7 @@ class SpecKVMachine(RuleBasedStateMachine):
     def setup(self, block_size, num_blocks, budget, caching):
         self.runner = FakeScriptedRunner(block_size)
         self.core = make_core(self.runner, num_blocks, block_size, max_num_seqs=3,
-                              budget=budget, spec=Speculation(3, 1, 2), caching=caching)
+                              budget=budget, speculation=Speculation(3, 1, 2), caching=caching)
         self.capacity = num_blocks * block_size
         self.n = 0
 

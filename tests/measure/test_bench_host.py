@@ -24,7 +24,7 @@ def test_instant_model_returns_logits_of_the_sampled_rows():
                            None, [], torch.arange(3))  # type: ignore[arg-type]
     assert logits.shape == (3, host.LOGITS_WIDTH) and logits.dtype == torch.float32
     assert logits.argmax(-1).tolist() == [256, 293, 266]  # 256 + 37 x row mod 64
-    assert model.spec.num_layers == 0 and model.spec.num_kv_heads == 3
+    assert model.arch.num_layers == 0 and model.arch.num_kv_heads == 3
 
 
 def test_host_bench_json_shape_and_figures(tmp_path):

@@ -45,9 +45,9 @@ def bench_here(model: str, batch: int, context: int, monkeypatch: pytest.MonkeyP
     """measure.bench.report.roofline_floor, on this (made-up) machine."""
     monkeypatch.setattr(bench_report, "calibrate", lambda device: CALIBRATION)
     m = hardware.MODELS[model]
-    spec = SimpleNamespace(num_layers=m.layers, hidden_size=m.hidden_size,
+    arch = SimpleNamespace(num_layers=m.layers, hidden_size=m.hidden_size,
                            num_kv_heads=m.num_kv_heads, head_dim=m.head_dim)
-    loaded = SimpleNamespace(model=SimpleNamespace(spec=spec, device=torch.device("cpu"),
+    loaded = SimpleNamespace(model=SimpleNamespace(arch=arch, device=torch.device("cpu"),
                                                    dtype=torch.bfloat16))
     floors = []
     for out in (1, 2):

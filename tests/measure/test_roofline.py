@@ -45,7 +45,7 @@ def test_roofline_for_float32_reads_twice_the_bytes():
 
 @pytest.mark.model
 def test_the_bundled_model_has_a_hardware_profile(loaded):
-    assert model_profile_key(loaded.model.spec) == "smollm2-135m"
+    assert model_profile_key(loaded.model.arch) == "smollm2-135m"
 
 
 def _profile(bandwidth_gbs: float, tflops: float) -> hardware.HardwareProfile:

@@ -200,8 +200,8 @@ def test_serve_flags_become_the_engine_config():
 
 
 def test_serve_takes_vllms_speculative_config_flag():
-    spec = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3}'
-    cfg = engine_config(build_parser().parse_args(["--speculative-config", spec]))
+    config = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3}'
+    cfg = engine_config(build_parser().parse_args(["--speculative-config", config]))
     assert (cfg.speculative, cfg.num_speculative_tokens, cfg.prompt_lookup_max) == (
         "ngram", 6, 3)
     for bad, message in (('{"method": "eagle"}', "speculative must be None or one of"),

@@ -453,12 +453,12 @@ def test_real_engine_exports_its_speculative_decoding_counters(loaded):
                                SamplingParams(max_tokens=16))
         wait_for(lambda: value(scrape(metrics), "request_success_total", model=loaded.name,
                                finished_reason=outs[0].finish_reason) == 1, timeout=10)
-        s, spec = scrape(metrics), engine.stats().spec
-    assert spec.num_drafts > 0 and outs[0].num_drafts == spec.num_drafts
+        s, spec_decode = scrape(metrics), engine.stats().spec_decode
+    assert spec_decode.num_drafts > 0 and outs[0].num_drafts == spec_decode.num_drafts
     assert (value(s, "spec_decode_num_drafts_total", model=loaded.name),
             value(s, "spec_decode_num_draft_tokens_total", model=loaded.name),
             value(s, "spec_decode_num_accepted_tokens_total", model=loaded.name)) == (
-        spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
+        spec_decode.num_drafts, spec_decode.num_draft_tokens, spec_decode.num_accepted_tokens)
 
 
 @pytest.mark.model

@@ -38,7 +38,7 @@ from server.remote import PLACEHOLDER_TOKEN, STATE_POLL_S, RemoteError, RemoteSi
 from server.routes import api_routes
 from workloads.prompts import chat
 from workloads.race import Race
-from workloads.sweep import Sweep, SweepSpec
+from workloads.sweep import Sweep, SweepPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_S = 30.0  # the longest any stand-in request may take
@@ -524,7 +524,7 @@ def test_a_sweeps_remote_side_and_the_load_generator_send_and_count_alike(side_o
     request with the same function (server.stream_client.stream): the same body for the
     same prompt and settings, the same tokens counted from the same stream."""
     sweep = Sweep(side_of(), side_of(role="local"), [chat("good day")],
-                  SweepSpec("users", (2,), max_tokens=5), heartbeat_timeout=None).start()
+                  SweepPlan("users", (2,), max_tokens=5), heartbeat_timeout=None).start()
     assert sweep.join(timeout=RESULT_S)
     snap = sweep.snapshot()
     assert snap.phase == "done", snap.error

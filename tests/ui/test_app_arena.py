@@ -129,26 +129,26 @@ def test_speculation_switches_run_each_side_speculatively():
     assert not at.error, at.error[0].value
     views = race.snapshot().sides
     for side in ("local", "datacenter"):
-        spec = race.engine.stats() if side == "datacenter" else race.local.stats()
-        assert spec.spec.num_drafts > 0, side  # drafts were verified on both sides
+        stats = race.engine.stats() if side == "datacenter" else race.local.stats()
+        assert stats.spec_decode.num_drafts > 0, side  # drafts were verified on both sides
         line = arena.speculation_line(views[side])
         assert line in [c.value for c in at.caption]
     assert race.engine.stopped_reason == "shut down"  # its own engine ended with the race
 
 
 def test_presenter_edit_scenario_compares_speculation_off_and_on(monkeypatch):
-    from ui import spec_view
+    from ui import speculative_view
     from workloads import scenarios
 
     short = dataclasses.replace(scenarios.get("edit_paragraph"), max_tokens=8)
     monkeypatch.setitem(scenarios.SCENARIOS, "edit_paragraph", short)
     monkeypatch.setattr(scenarios, "EDIT_PARAGRAPHS", scenarios.EDIT_PARAGRAPHS[:1])
-    monkeypatch.setattr(spec_view, "PRESENTER_USERS", (1, 2))
+    monkeypatch.setattr(speculative_view, "PRESENTER_USERS", (1, 2))
     at = new_app()
     at.session_state["presenter"] = True
     at.run()
     at.button(key="scenario-edit_paragraph").click().run()
-    job = at.session_state[spec_view.SLOT.key]
+    job = at.session_state[speculative_view.SLOT.key]
     run_until(at, lambda a: job.finished and not a.button(key="scenario-one_user").disabled)
     assert job.error is None and [(r.users, r.speculative) for r in job.runs] == [
         (1, False), (1, True), (2, False), (2, True)]

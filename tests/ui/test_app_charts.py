@@ -26,38 +26,38 @@ SNAP = snapshot(
 )
 
 
-def values(spec: dict) -> list[dict]:
-    return next(iter(spec["datasets"].values()))
+def values(vega: dict) -> list[dict]:
+    return next(iter(vega["datasets"].values()))
 
 
 def test_tokens_chart_has_one_line_per_side():
-    spec = charts.tokens_chart(frames.tokens_frame(SNAP)).to_dict()
-    assert spec["mark"]["type"] == "line"
-    assert spec["encoding"]["x"]["field"] == "t" and spec["encoding"]["y"]["field"] == "tokens"
-    assert spec["encoding"]["color"]["scale"]["domain"] == ["Local PC", "Datacenter"]
-    assert {v["side"] for v in values(spec)} == {"Local PC", "Datacenter"}
-    assert len(values(spec)) == 6
+    vega = charts.tokens_chart(frames.tokens_frame(SNAP)).to_dict()
+    assert vega["mark"]["type"] == "line"
+    assert vega["encoding"]["x"]["field"] == "t" and vega["encoding"]["y"]["field"] == "tokens"
+    assert vega["encoding"]["color"]["scale"]["domain"] == ["Local PC", "Datacenter"]
+    assert {v["side"] for v in values(vega)} == {"Local PC", "Datacenter"}
+    assert len(values(vega)) == 6
 
 
 def test_latency_chart_draws_ttft_and_e2e_by_user():
-    spec = charts.latency_chart(frames.latency_frame(SNAP)).to_dict()
-    assert spec["encoding"]["x"]["field"] == "user"
-    assert spec["encoding"]["strokeDash"]["field"] == "metric"
-    rows = values(spec)
+    vega = charts.latency_chart(frames.latency_frame(SNAP)).to_dict()
+    assert vega["encoding"]["x"]["field"] == "user"
+    assert vega["encoding"]["strokeDash"]["field"] == "metric"
+    rows = values(vega)
     assert len(rows) == 12 and {r["metric"] for r in rows} == {"TTFT", "end-to-end"}
 
 
 def test_kv_chart_is_in_mib_with_reserved_and_used():
-    spec = charts.kv_chart(frames.kv_frame(SNAP)).to_dict()
-    assert spec["encoding"]["y"]["field"] == "mib"
-    assert sorted(v["mib"] for v in values(spec)) == [0.5, 2.0]
-    assert spec["encoding"]["strokeDash"]["scale"]["domain"] == ["reserved", "used"]
+    vega = charts.kv_chart(frames.kv_frame(SNAP)).to_dict()
+    assert vega["encoding"]["y"]["field"] == "mib"
+    assert sorted(v["mib"] for v in values(vega)) == [0.5, 2.0]
+    assert vega["encoding"]["strokeDash"]["scale"]["domain"] == ["reserved", "used"]
 
 
 def test_batch_chart_plots_sequences_per_step():
-    spec = charts.batch_chart(frames.batch_frame(SNAP)).to_dict()
-    assert spec["encoding"]["y"]["field"] == "num_seqs"
-    assert [v["num_seqs"] for v in values(spec)] == [3, 2]
+    vega = charts.batch_chart(frames.batch_frame(SNAP)).to_dict()
+    assert vega["encoding"]["y"]["field"] == "num_seqs"
+    assert [v["num_seqs"] for v in values(vega)] == [3, 2]
 
 
 def test_empty_snapshot_still_gives_valid_charts():
@@ -66,8 +66,8 @@ def test_empty_snapshot_still_gives_valid_charts():
                          (charts.latency_chart, frames.latency_frame),
                          (charts.kv_chart, frames.kv_frame),
                          (charts.batch_chart, frames.batch_frame)):
-        spec = build(frame(empty)).to_dict()
-        assert values(spec) == []
+        vega = build(frame(empty)).to_dict()
+        assert values(vega) == []
 
 
 def test_rows_frame_has_fixed_columns_for_the_csv():
@@ -104,14 +104,14 @@ def test_the_race_summary_names_both_totals_and_their_ratio():
 
 
 def test_every_presenter_scenario_is_played_by_a_page():
-    from ui import spec_view
+    from ui import speculative_view
 
     assert len(presenter.SCENARIOS) == 5
     assert set(kv_view.KV_SCENARIOS) <= set(scenarios.SCENARIOS)
     for key in presenter.SCENARIOS:
         assert scenarios.get(key).key == key
     assert [k for k in presenter.SCENARIOS if k in kv_view.KV_SCENARIOS] == ["shared_prefix"]
-    assert spec_view.SCENARIO in presenter.SCENARIOS  # the arena page's comparison
+    assert speculative_view.SCENARIO in presenter.SCENARIOS  # the arena page's comparison
 
 
 def test_presets_include_korean_and_a_long_prompt():
@@ -130,8 +130,8 @@ def test_user_prompts_put_you_first_or_last():
     assert prompts[0] == ({"role": "user", "content": "mine"},)
 
 
-def test_a_template_is_the_spec_without_its_rows():
+def test_a_template_is_the_vega_lite_dict_without_its_rows():
     chart = charts.tokens_chart(frames.tokens_frame(SNAP))
-    spec = charts.template(chart)
-    assert "datasets" not in spec and "data" not in spec
-    assert spec["encoding"] == chart.to_dict()["encoding"]
+    vega = charts.template(chart)
+    assert "datasets" not in vega and "data" not in vega
+    assert vega["encoding"] == chart.to_dict()["encoding"]

@@ -188,8 +188,8 @@ def test_the_servers_state_is_charted_over_time_when_it_exports_metrics(remote_w
     assert len(history) >= 2 and {s.state.source for s in history} == {"batchlens"}
     charts = keyed(at, "server-state-datacenter").get("vega_lite_chart")
     assert len(charts) == 1
-    spec = json.loads(charts[0].proto.spec)
-    assert spec["title"] == "The server's own state"
+    vega = json.loads(charts[0].proto.spec)
+    assert vega["title"] == "The server's own state"
     assert not any(NOT_EXPORTED in c.value for c in at.caption)
     assert KEY not in page_text(at) and url not in page_text(at)
 

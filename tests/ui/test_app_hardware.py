@@ -143,12 +143,12 @@ def test_this_machine_is_measured_once_and_projected(monkeypatch):
 
 
 # ---- chart builders and frames (no Streamlit) -----------------------------------------
-def layers(spec: dict) -> dict[str, list[dict]]:
+def layers(vega: dict) -> dict[str, list[dict]]:
     """The rows drawn by each mark type, over all layers of that type."""
     out: dict[str, list[dict]] = {}
-    for layer in spec["layer"]:
+    for layer in vega["layer"]:
         mark = layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"]
-        out.setdefault(mark, []).extend(spec["datasets"][layer["data"]["name"]])
+        out.setdefault(mark, []).extend(vega["datasets"][layer["data"]["name"]])
     return out
 
 
@@ -158,12 +158,12 @@ def choice(model: str, prec: str, hw: str, ctx: int = 2048, batch: int = 1) -> v
 
 def test_decode_chart_marks_b_star_at_compute_bound_batch():
     c = choice("llama-3-8b", "fp16", "rtx4090")
-    spec = charts.decode_chart(view.decode_frame(c), compute_bound_batch("rtx4090")).to_dict()
-    rows = layers(spec)
+    vega = charts.decode_chart(view.decode_frame(c), compute_bound_batch("rtx4090")).to_dict()
+    rows = layers(vega)
     assert [r["batch"] for r in rows["rule"]] == [compute_bound_batch("rtx4090")]
     b_star = f"B* ≈ {compute_bound_batch('rtx4090'):.0f}: compute-bound →"
     assert b_star in [r["label"] for r in rows["text"]]
-    x = spec["layer"][2]["encoding"]["x"]
+    x = vega["layer"][2]["encoding"]["x"]
     assert x["scale"]["type"] == "log" and x["scale"]["domain"] == [1, 1024]
     line = rows["line"]
     assert {r["series"] for r in line} == {"per user", "total"}
@@ -173,9 +173,9 @@ def test_decode_chart_marks_b_star_at_compute_bound_batch():
 
 
 def test_decode_chart_shades_the_offload_bound_batches():
-    spec = charts.decode_chart(view.decode_frame(choice("llama-2-70b", "fp16", "rtx4090")),
+    vega = charts.decode_chart(view.decode_frame(choice("llama-2-70b", "fp16", "rtx4090")),
                                164.0).to_dict()
-    assert layers(spec)["rect"] == [{"start": 1, "end": 1024,
+    assert layers(vega)["rect"] == [{"start": 1, "end": 1024,
                                      "label": "offload-bound: does not fit"}]
     frame = view.decode_frame(choice("llama-3-8b", "fp16", "h100"))
     first_beyond = min(b for b in view.BATCH_GRID if b > max_batch("llama-3-8b", "fp16",
@@ -183,8 +183,8 @@ def test_decode_chart_shades_the_offload_bound_batches():
     assert charts.offload_regions(frame).to_dict("records") == [{"start": first_beyond,
                                                                  "end": 1024}]
     small = view.decode_frame(choice("smollm2-135m", "fp16", "h100"))
-    spec = charts.decode_chart(small, compute_bound_batch("h100")).to_dict()
-    assert layers(spec)["rect"] == []
+    vega = charts.decode_chart(small, compute_bound_batch("h100")).to_dict()
+    assert layers(vega)["rect"] == []
 
 
 def test_decode_frame_covers_batch_1_to_1024():
@@ -197,11 +197,11 @@ def test_decode_frame_covers_batch_1_to_1024():
 
 def test_fit_chart_stacks_weights_and_kv_against_device_memory():
     report = fits("llama-2-70b", "fp16", "rtx4090", 2048, 4)
-    spec = charts.fit_chart(view.fit_frame(report), 24.0, "RTX 4090 24 GB").to_dict()
-    rows = layers(spec)
+    vega = charts.fit_chart(view.fit_frame(report), 24.0, "RTX 4090 24 GB").to_dict()
+    rows = layers(vega)
     assert [(r["part"], r["gib"]) for r in rows["bar"]] == [
         ("weights", report.weights_bytes / GIB), ("KV cache", report.kv_bytes / GIB)]
-    assert spec["layer"][0]["encoding"]["x"]["stack"] == "zero"
+    assert vega["layer"][0]["encoding"]["x"]["stack"] == "zero"
     assert [r["gib"] for r in rows["rule"]] == [24.0]
     assert rows["text"][0]["label"] == "RTX 4090 24 GB: 24 GiB"
 

@@ -45,9 +45,9 @@ def charts(at: AppTest) -> list[tuple[str, pd.DataFrame]]:
     """(title, rows) of every chart on the page, in page order."""
     out = []
     for el in at.get("vega_lite_chart"):
-        spec = json.loads(el.proto.spec)
+        vega = json.loads(el.proto.spec)
         rows = dataframe_util.convert_arrow_bytes_to_pandas_df(el.proto.data.data)
-        out.append((spec["title"]["text"], rows))
+        out.append((vega["title"]["text"], rows))
     return out
 
 

@@ -111,7 +111,7 @@ def test_rate_mode_sweeps_poisson_arrivals_without_a_roofline():
     run_until(at, lambda a: bool(a.success) or bool(a.error) or bool(a.warning))
     assert not at.error, at.error[0].value
     table = at.dataframe[0].value
-    requests = len(sweep_of(at).spec.arrivals(4.0))
+    requests = len(sweep_of(at).plan.arrivals(4.0))
     assert list(table["rate_rps"]) == [4.0, 4.0] and list(table["requests"]) == [requests] * 2
     assert any("No roofline in rate mode" in c.value for c in at.caption)
 

@@ -24,12 +24,12 @@ BLOCKS = [
 ]
 
 
-def values(spec: dict) -> list[dict]:
-    return spec["datasets"][spec["data"]["name"]]
+def values(vega: dict) -> list[dict]:
+    return vega["datasets"][vega["data"]["name"]]
 
 
-def layer_marks(spec: dict) -> list[str]:
-    return [layer["mark"]["type"] for layer in spec["layer"]]
+def layer_marks(vega: dict) -> list[str]:
+    return [layer["mark"]["type"] for layer in vega["layer"]]
 
 
 # ---- waste_for_block_size --------------------------------------------------------------
@@ -103,15 +103,15 @@ def test_request_colours_are_stable_and_not_grey():
 
 def test_block_map_chart_draws_cells_in_their_colour_and_ref_counts():
     df = frames.block_map_frame(BLOCKS)
-    spec = charts.block_map_chart(df, 16).to_dict()
-    assert layer_marks(spec) == ["rect", "text"]
-    cells, labels = spec["layer"]
+    vega = charts.block_map_chart(df, 16).to_dict()
+    assert layer_marks(vega) == ["rect", "text"]
+    cells, labels = vega["layer"]
     assert cells["encoding"]["color"] == {"field": "color", "type": "nominal", "scale": None}
     assert cells["encoding"]["x"]["scale"]["domain"] == list(range(16))
     assert labels["encoding"]["text"]["field"] == "label"
     assert labels["transform"] == [{"filter": "datum.ref_count > 1"}]
-    assert spec["height"] == {"step": charts.cell_px(16)}
-    assert values(spec) == df.to_dict("records")
+    assert vega["height"] == {"step": charts.cell_px(16)}
+    assert values(vega) == df.to_dict("records")
 
 
 # ---- the contiguous layout ---------------------------------------------------------------
@@ -143,12 +143,12 @@ def test_contiguous_frame_lays_the_reservations_end_to_end():
 
 def test_contiguous_chart_draws_reserved_blocks_pale():
     df = frames.contiguous_frame([frames.Reservation("a-0", 4, 1)], 6)
-    spec = charts.contiguous_chart(df).to_dict()
-    assert layer_marks(spec) == ["rect"]
-    enc = spec["layer"][0]["encoding"]
+    vega = charts.contiguous_chart(df).to_dict()
+    assert layer_marks(vega) == ["rect"]
+    enc = vega["layer"][0]["encoding"]
     assert enc["opacity"] == {"field": "opacity", "type": "quantitative", "scale": None}
     assert enc["color"]["field"] == "color"
-    assert values(spec) == df.to_dict("records")
+    assert values(vega) == df.to_dict("records")
 
 
 # ---- the scheduler timeline --------------------------------------------------------------
@@ -182,17 +182,17 @@ def test_step_frame_stacks_verified_drafts_on_top():
 
 def test_steps_chart_stacks_tokens_and_marks_preemptions():
     df = frames.step_frame([step(1.0, 100, 0), step(1.1, 0, 4, preempted=2)], num_steps=2)
-    spec = charts.steps_chart(df).to_dict()
-    assert layer_marks(spec) == ["rect", "rule", "point"]
-    bars = spec["layer"][0]["encoding"]
+    vega = charts.steps_chart(df).to_dict()
+    assert layer_marks(vega) == ["rect", "rule", "point"]
+    bars = vega["layer"][0]["encoding"]
     assert (bars["x"]["field"], bars["x2"]["field"]) == ("x0", "x1")
     assert (bars["y"]["field"], bars["y2"]["field"]) == ("lo", "hi")
     assert bars["color"]["scale"]["domain"] == ["prefill", "decode", "accepted draft",
                                                  "rejected draft"]
-    for layer in spec["layer"][1:]:
+    for layer in vega["layer"][1:]:
         assert layer["transform"] == [
             {"filter": "datum.kind == 'prefill' && datum.num_preempted > 0"}]
-    assert values(spec) == df.to_dict("records")
+    assert values(vega) == df.to_dict("records")
 
 
 # ---- waste vs block size -----------------------------------------------------------------
@@ -205,18 +205,18 @@ def test_waste_frame_and_chart_mark_the_chosen_block_size():
     assert df["chosen"].tolist() == [bs == 16 for bs in sizes]
     assert df.loc[4, "label"] == f"block size 16: {df.loc[4, 'waste']:.1%} empty"
     assert df["label_side"].tolist() == ["left"] * 4 + ["right"] * 4
-    spec = charts.waste_chart(df).to_dict()
-    assert layer_marks(spec) == ["line", "rule", "point", "text", "text"]
-    assert spec["layer"][0]["encoding"]["x"]["scale"] == {"type": "log", "base": 2}
-    assert spec["layer"][2]["transform"] == [{"filter": "datum.chosen"}]
-    assert values(spec) == df.to_dict("records")
+    vega = charts.waste_chart(df).to_dict()
+    assert layer_marks(vega) == ["line", "rule", "point", "text", "text"]
+    assert vega["layer"][0]["encoding"]["x"]["scale"] == {"type": "log", "base": 2}
+    assert vega["layer"][2]["transform"] == [{"filter": "datum.chosen"}]
+    assert values(vega) == df.to_dict("records")
 
 
-def test_every_template_is_a_spec_without_rows():
+def test_every_template_is_a_vega_lite_dict_without_rows():
     empties = [charts.block_map_chart(frames.block_map_frame([])),
                charts.contiguous_chart(frames.contiguous_frame([], 0)),
                charts.steps_chart(frames.step_frame((), 0)),
                charts.waste_chart(frames.waste_frame([], (1, 16), 16))]
     for chart in empties:
-        spec = template(chart)
-        assert "datasets" not in spec and "data" not in spec and spec["layer"]
+        vega = template(chart)
+        assert "datasets" not in vega and "data" not in vega and vega["layer"]

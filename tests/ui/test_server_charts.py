@@ -25,12 +25,12 @@ def test_rows_are_seconds_since_the_first_reading_per_series():
 
 
 def test_the_chart_puts_requests_left_and_kv_usage_right_in_percent():
-    spec = state_chart(history_frame(readings())).to_dict()
-    left, right = spec["layer"]
+    vega = state_chart(history_frame(readings())).to_dict()
+    left, right = vega["layer"]
     assert left["encoding"]["y"]["title"] == "requests"
     assert right["encoding"]["y"]["axis"] == {"format": "%", "orient": "right"}
     assert right["encoding"]["y"]["scale"] == {"domain": [0, 1]}
-    assert spec["resolve"] == {"scale": {"y": "independent"}}
+    assert vega["resolve"] == {"scale": {"y": "independent"}}
     assert left["encoding"]["color"]["scale"]["domain"] == list(SERIES)
-    rows = next(iter(spec["datasets"].values()))
+    rows = next(iter(vega["datasets"].values()))
     assert len(rows) == 8 and {r["series"] for r in rows} == set(SERIES)

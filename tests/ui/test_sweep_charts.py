@@ -18,9 +18,9 @@ EXAMPLE_ROOF = [{"users": u, "total": 100.0 * u, "per_user": 100.0, "bound": "me
                 for u in (1, 2, 3, 4)]
 
 
-def values(spec: dict, part: dict | None = None) -> list[dict]:
-    """The rows of a spec (or of one of its layers)."""
-    return spec["datasets"][(part or spec)["data"]["name"]]
+def values(vega: dict, part: dict | None = None) -> list[dict]:
+    """The rows of a Vega-Lite dict (or of one of its layers)."""
+    return vega["datasets"][(part or vega)["data"]["name"]]
 
 
 def points() -> pd.DataFrame:
@@ -33,23 +33,23 @@ def test_points_frame_names_the_sides_for_the_legend():
 
 
 def test_throughput_chart_draws_the_roofline_beneath_the_measured_lines():
-    spec = charts.throughput_chart(points(), charts.roofline_frame(EXAMPLE_ROOF)).to_dict()
-    roof, measured = spec["layer"]
+    vega = charts.throughput_chart(points(), charts.roofline_frame(EXAMPLE_ROOF)).to_dict()
+    roof, measured = vega["layer"]
     assert roof["mark"]["strokeDash"] and roof["encoding"]["y"]["field"] == "total"
-    assert [r["total"] for r in values(spec, roof)] == [100.0, 200.0, 300.0, 400.0]
+    assert [r["total"] for r in values(vega, roof)] == [100.0, 200.0, 300.0, 400.0]
     assert measured["encoding"]["y"]["field"] == "throughput_tokens_per_s"
     assert measured["encoding"]["y"]["scale"]["type"] == "log"
     x = measured["encoding"]["x"]
     assert x["field"] == "users" and x["scale"] == {"type": "log", "base": 2}
     assert measured["encoding"]["color"]["scale"]["domain"] == [
         "Local PC", "Datacenter", charts.ROOF]
-    assert len(values(spec, measured)) == 6
+    assert len(values(vega, measured)) == 6
 
 
 def test_rate_mode_and_no_roofline_draw_the_two_sides_only():
     df = points().rename(columns={"users": "rate_rps"})
-    spec = charts.throughput_chart(df, charts.roofline_frame(EXAMPLE_ROOF), "rate_rps").to_dict()
-    (measured,) = spec["layer"]
+    vega = charts.throughput_chart(df, charts.roofline_frame(EXAMPLE_ROOF), "rate_rps").to_dict()
+    (measured,) = vega["layer"]
     assert measured["encoding"]["x"]["field"] == "rate_rps"
     assert "requests/s" in measured["encoding"]["x"]["title"]
     assert measured["encoding"]["color"]["scale"]["domain"] == ["Local PC", "Datacenter"]
@@ -57,8 +57,8 @@ def test_rate_mode_and_no_roofline_draw_the_two_sides_only():
 
 
 def test_per_user_chart_uses_the_median_and_the_per_user_roofline():
-    spec = charts.per_user_chart(points(), charts.roofline_frame(EXAMPLE_ROOF)).to_dict()
-    roof, measured = spec["layer"]
+    vega = charts.per_user_chart(points(), charts.roofline_frame(EXAMPLE_ROOF)).to_dict()
+    roof, measured = vega["layer"]
     assert roof["encoding"]["y"]["field"] == "per_user"
     assert measured["encoding"]["y"]["field"] == "per_user_tokens_per_s_p50"
 
@@ -68,17 +68,17 @@ def test_latency_chart_has_p50_solid_and_p99_dashed_per_side():
     assert len(long) == 12 and set(long["percentile"]) == {"p50", "p99"}
     local4 = long[(long["side"] == "Local PC") & (long["users"] == 4)]
     assert sorted(local4["seconds"]) == [0.4, 0.8]
-    spec = charts.latency_chart(long, "users", "TTFT").to_dict()
-    assert spec["encoding"]["strokeDash"]["scale"]["domain"] == ["p50", "p99"]
-    assert spec["encoding"]["y"]["scale"]["type"] == "log"
-    assert spec["title"] == "TTFT" and len(values(spec)) == 12
+    vega = charts.latency_chart(long, "users", "TTFT").to_dict()
+    assert vega["encoding"]["strokeDash"]["scale"]["domain"] == ["p50", "p99"]
+    assert vega["encoding"]["y"]["scale"]["type"] == "log"
+    assert vega["title"] == "TTFT" and len(values(vega)) == 12
 
 
 def test_goodput_chart_is_linear_from_zero():
-    spec = charts.goodput_chart(points()).to_dict()
-    assert spec["encoding"]["y"]["field"] == "goodput_rps"
-    assert spec["encoding"]["y"]["scale"] == {"domainMin": 0}
-    assert "SLO" in spec["title"]
+    vega = charts.goodput_chart(points()).to_dict()
+    assert vega["encoding"]["y"]["field"] == "goodput_rps"
+    assert vega["encoding"]["y"]["scale"] == {"domainMin": 0}
+    assert "SLO" in vega["title"]
 
 
 def test_empty_frames_still_build_valid_charts():

@@ -14,7 +14,7 @@ from engine import RequestHandle, RequestMetrics, RequestOutput, SamplingParams,
 from workloads.job import DISCONNECT_GRACE_S
 from workloads.race import Race
 from workloads.sides import count, prompts_for_sides
-from workloads.sweep import Sweep, SweepSpec
+from workloads.sweep import Sweep, SweepPlan
 
 PROMPTS = ["What is the capital of France?", "Name a colour.", "Count to three."]
 CHANGED = "The admin changed the engine settings; this race was stopped."
@@ -140,7 +140,7 @@ def test_an_engine_shut_down_before_the_race_began_reads_as_an_admin_change():
 
 def test_a_sweep_on_a_replaced_engine_says_so_in_plain_words():
     sweep = Sweep(FakeSide(self_cancel=True), FakeSide(), PROMPTS,
-                  SweepSpec(levels=(1, 2), max_tokens=2)).start()
+                  SweepPlan(levels=(1, 2), max_tokens=2)).start()
     assert sweep.join(timeout=10)
     snap = sweep.snapshot()
     assert snap.error == "The admin changed the engine settings; this sweep was stopped."
@@ -149,7 +149,7 @@ def test_a_sweep_on_a_replaced_engine_says_so_in_plain_words():
 
 def test_a_stopped_sweep_does_not_spin_while_its_requests_end():
     dc = FakeSide(cancel_delay_s=0.5)
-    sweep = Sweep(dc, FakeSide(), PROMPTS, SweepSpec(levels=(3,), max_tokens=2),
+    sweep = Sweep(dc, FakeSide(), PROMPTS, SweepPlan(levels=(3,), max_tokens=2),
                   interval=0.1).start()
     wait_for(lambda: len(dc.handles) == 3, 5)
     calls = dc.stats_calls

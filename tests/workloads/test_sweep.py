@@ -12,7 +12,7 @@ from polling import wait_for
 from engine import Engine
 from engine.local import LocalPC
 from workloads.prompts import varied_prompts
-from workloads.sweep import Sweep, SweepSpec, format_table, rows
+from workloads.sweep import Sweep, SweepPlan, format_table, rows
 
 PROMPTS = varied_prompts()[:3]
 
@@ -36,31 +36,31 @@ def assert_idle(engine: Engine, local: LocalPC) -> None:
     (dict(duration_s=0), "duration_s"),
     (dict(order=("local", "local")), "order"),
 ])
-def test_a_bad_spec_names_its_field(kwargs, field):
+def test_a_bad_plan_names_its_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        SweepSpec(**kwargs)
+        SweepPlan(**kwargs)
 
 
 def test_levels_run_in_increasing_order_once_each():
-    assert SweepSpec(levels=(8, 1, 4, 1)).levels == (1, 4, 8)
+    assert SweepPlan(levels=(8, 1, 4, 1)).levels == (1, 4, 8)
 
 
 def test_users_mode_is_a_burst_and_rate_mode_seeded_poisson():
-    assert SweepSpec().arrivals(4) == [0.0] * 4
-    spec = SweepSpec("rate", (10.0,), duration_s=100.0)
-    times = spec.arrivals(10.0)
+    assert SweepPlan().arrivals(4) == [0.0] * 4
+    plan = SweepPlan("rate", (10.0,), duration_s=100.0)
+    times = plan.arrivals(10.0)
     assert times[0] == 0.0 and times == sorted(times) and times[-1] < 100.0
-    assert times == SweepSpec("rate", (10.0,), duration_s=100.0).arrivals(10.0)
-    assert times != SweepSpec("rate", (10.0,), duration_s=100.0, seed=1).arrivals(10.0)
+    assert times == SweepPlan("rate", (10.0,), duration_s=100.0).arrivals(10.0)
+    assert times != SweepPlan("rate", (10.0,), duration_s=100.0, seed=1).arrivals(10.0)
     assert 800 < len(times) < 1200  # 10 requests/s for 100 s
-    assert spec.num_requests == len(times)
+    assert plan.num_requests == len(times)
 
 
 # ---- with the real model -----------------------------------------------------------------
 @pytest.mark.model
 def test_a_tiny_sweep_has_one_point_per_side_and_load(engine, local):
-    spec = SweepSpec(levels=(1, 3), max_tokens=3)
-    sweep = Sweep(engine, local, PROMPTS, spec).start()
+    plan = SweepPlan(levels=(1, 3), max_tokens=3)
+    sweep = Sweep(engine, local, PROMPTS, plan).start()
     assert sweep.join(timeout=120)
     snap = sweep.snapshot()
     assert snap.phase == "done" and snap.error is None and snap.progress == 1.0
@@ -71,33 +71,33 @@ def test_a_tiny_sweep_has_one_point_per_side_and_load(engine, local):
         assert p.summary.output_tokens == 3 * p.level
         assert p.summary.throughput > 0 and p.summary.ttft_p50 > 0
     assert {p.mean_batch for p in snap.points if p.side == "local"} == {1.0}
-    table = rows(snap.points, spec, ttft_slo=1e9, tpot_slo=1e9)
+    table = rows(snap.points, plan, ttft_slo=1e9, tpot_slo=1e9)
     csv = pd.read_csv(io.StringIO(pd.DataFrame(table).to_csv(index=False)))
     assert len(csv) == 4 and list(csv["users"]) == [1, 1, 3, 3]
     # with SLOs nobody can miss, goodput is every request over the wall time
     assert list(csv["goodput_rps"]) == pytest.approx(
         [p.requests / p.summary.wall_time for p in snap.points])
-    assert all(f"{p.side:<11}{p.level:>6g}" in format_table(snap.points, spec)
+    assert all(f"{p.side:<11}{p.level:>6g}" in format_table(snap.points, plan)
                for p in snap.points)
     assert_idle(engine, local)
 
 
 @pytest.mark.model
 def test_rate_mode_sends_the_same_seeded_arrivals_to_both_sides(engine, local):
-    spec = SweepSpec("rate", (4.0,), max_tokens=2, duration_s=0.5)
-    sweep = Sweep(engine, local, PROMPTS, spec).start()
+    plan = SweepPlan("rate", (4.0,), max_tokens=2, duration_s=0.5)
+    sweep = Sweep(engine, local, PROMPTS, plan).start()
     assert sweep.join(timeout=120)
     points = sweep.snapshot().points
     assert [p.side for p in points] == ["datacenter", "local"]
-    assert {p.requests for p in points} == {len(spec.arrivals(4.0))}
-    assert list(pd.DataFrame(rows(points, spec))["rate_rps"]) == [4.0, 4.0]
+    assert {p.requests for p in points} == {len(plan.arrivals(4.0))}
+    assert list(pd.DataFrame(rows(points, plan))["rate_rps"]) == [4.0, 4.0]
     assert_idle(engine, local)
 
 
 @pytest.mark.model
 def test_stop_keeps_the_finished_points_and_frees_everything(engine, local):
-    spec = SweepSpec(levels=(1, 4), max_tokens=16)
-    sweep = Sweep(engine, local, PROMPTS, spec, interval=0.02).start()
+    plan = SweepPlan(levels=(1, 4), max_tokens=16)
+    sweep = Sweep(engine, local, PROMPTS, plan, interval=0.02).start()
     wait_for(lambda: len(sweep.snapshot().points) >= 1)
     sweep.stop()
     assert sweep.join(timeout=60)
@@ -110,7 +110,7 @@ def test_stop_keeps_the_finished_points_and_frees_everything(engine, local):
 
 @pytest.mark.model
 def test_an_untouched_sweep_cancels_itself(engine, local):
-    sweep = Sweep(engine, local, PROMPTS, SweepSpec(levels=(2,), max_tokens=400),
+    sweep = Sweep(engine, local, PROMPTS, SweepPlan(levels=(2,), max_tokens=400),
                   heartbeat_timeout=0.3).start()
     assert sweep.join(timeout=60)
     assert sweep.snapshot().phase == "abandoned" and not sweep.snapshot().points
@@ -121,5 +121,5 @@ def test_an_untouched_sweep_cancels_itself(engine, local):
 def test_a_request_that_does_not_fit_is_refused_before_anything_runs(engine, local):
     before = engine.stats().num_finished
     with pytest.raises(ValueError, match="max_tokens: 500 plus a"):
-        Sweep(engine, local, PROMPTS, SweepSpec(levels=(1,), max_tokens=500))
+        Sweep(engine, local, PROMPTS, SweepPlan(levels=(1,), max_tokens=500))
     assert engine.stats().num_finished == before

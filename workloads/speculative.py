@@ -12,7 +12,7 @@ and the engine's speculative-decoding counters::
                                                     acceptance rate, mean accepted length)
     SpecCompareJob(loaded).start()               -> 1 and 32 users, off then on, in turn
 
-Presenter mode plays the job; `batchlens bench spec` calls `run_edit` at 1, 32 and 64 users.
+Presenter mode plays the job; `batchlens bench speculative` calls `run_edit` at 1, 32 and 64 users.
 The arena's per-side switch gets its datacenter side from `engine_with_speculation`.
 """
 
@@ -104,7 +104,7 @@ def run_edit(
     outputs = []
     with Engine(config, loaded=loaded) as engine:
         engine.generate([list(WARMUP)], SamplingParams(max_tokens=4))
-        before = engine.stats(steps_after=None).spec
+        before = engine.stats(steps_after=None).spec_decode
         for i in range(0, len(prompts), users):  # a round: `users` requests at one moment
             batch = prompts[i : i + users]
             handles = engine.submit_many(batch, [sc.params(0)] * len(batch))
@@ -114,7 +114,7 @@ def run_edit(
             outputs += [h.result() for h in handles]
             if any(o.finish_reason == "cancelled" for o in outputs):
                 break
-        after = engine.stats(steps_after=None).spec
+        after = engine.stats(steps_after=None).spec_decode
     if errors := [o.error for o in outputs if o.finish_reason == "error"]:
         raise WorkloadError(f"the edit scenario failed: {errors[0]}")
     if any(o.finish_reason == "cancelled" for o in outputs):
@@ -180,7 +180,7 @@ class SpecCompareJob(BackgroundJob):
                  connected: Callable[[], bool] | None = None) -> None:
         if not users or min(users) < 1:
             raise ValueError(f"users: at least one count >= 1 is needed, got {users}")
-        super().__init__("spec", heartbeat_timeout, connected)
+        super().__init__("speculative", heartbeat_timeout, connected)
         self.loaded, self.users, self.base = loaded, tuple(users), base
         self.runs: list[SpecRun] = []
         self.current: tuple[int, bool] | None = None  # (users, speculative) running now

@@ -1,7 +1,7 @@
 """Presenter mode's "edit a paragraph": speculative decoding off and on, at 1 user and at
 32, side by side (tokens/s per user, acceptance rate), as the runs finish.
 
-The comparison runs as this session's job (`workloads.speculation.SpecCompareJob`), each
+The comparison runs as this session's job (`workloads.speculative.SpecCompareJob`), each
 run on an engine of its own built on the shared weights, so nobody's settings change; the
 arena page shows it under the scenario buttons while it runs and once it has ended.
 """
@@ -15,9 +15,9 @@ from ui import hosting, shared
 from ui.job_slot import JobSlot
 from workloads import scenarios
 from workloads.sides import count
-from workloads.speculation import PRESENTER_USERS, SCENARIO, SpecCompareJob, SpecRun, speedup
+from workloads.speculative import PRESENTER_USERS, SCENARIO, SpecCompareJob, SpecRun, speedup
 
-SLOT: JobSlot[SpecCompareJob] = JobSlot("spec_compare")
+SLOT: JobSlot[SpecCompareJob] = JobSlot("speculative_compare")
 
 
 def start() -> None:
@@ -48,7 +48,7 @@ def _view(job: SpecCompareJob | None) -> None:
     if job is None:
         return
     runs, current = job.snapshot()
-    with st.container(key="spec-compare", border=True):
+    with st.container(key="speculative-compare", border=True):
         st.subheader("Edit a paragraph: speculative decoding off and on")
         st.caption(scenarios.get(SCENARIO).shows)
         for users in job.users:

@@ -1,9 +1,9 @@
 """Speculative decoding bench: the "edit a paragraph" scenario with and without n-gram
 speculation, at 1, 32 and 64 users.
 
-    batchlens bench spec [--users 1,32,64] [--repeat N] [--json PATH] [--dtype ...]
+    batchlens bench speculative [--users 1,32,64] [--repeat N] [--json PATH] [--dtype ...]
 
-Each (users, speculation) pair runs once on an engine of its own (`workloads.speculation.
+Each (users, speculation) pair runs once on an engine of its own (`workloads.speculative.
 run_edit`): every one of the 8 paragraphs is edited at least once, `users` requests at a
 time sent at one moment (1 user: the 8 one after another), greedy, EOS honoured, so with
 and without speculation the answers should be the same tokens (compared and reported).
@@ -26,9 +26,9 @@ import torch
 
 from engine.models.loaded import LoadedModel
 from workloads.cpu_load import cpu_sample, others_busy
-from workloads.speculation import SCENARIO, SpecRun, run_edit, speedup
+from workloads.speculative import SCENARIO, SpecRun, run_edit, speedup
 
-PROG = "batchlens bench spec"
+PROG = "batchlens bench speculative"
 DEFAULT_USERS = (1, 32, 64)
 
 

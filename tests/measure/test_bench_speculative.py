@@ -1,4 +1,4 @@
-"""`batchlens bench spec` and the speculation workload's pure parts, without a model:
+"""`batchlens bench speculative` and the speculation workload's pure parts, without a model:
 the flags, the table, the gain, the engine settings of a run."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
-from measure.bench import spec
+from measure.bench import speculative
 from workloads import scenarios
-from workloads.speculation import SpecRun, edit_prompts, engine_config, speedup
+from workloads.speculative import SpecRun, edit_prompts, engine_config, speedup
 
 
 def run(users: int, on: bool, per_user: float, answers=((1, 2, 3),)) -> SpecRun:
@@ -21,11 +21,11 @@ def run(users: int, on: bool, per_user: float, answers=((1, 2, 3),)) -> SpecRun:
 
 
 def test_users_flag_is_checked():
-    assert spec.parse_users("1,32,64") == [1, 32, 64]
+    assert speculative.parse_users("1,32,64") == [1, 32, 64]
     with pytest.raises(ValueError, match="--users: expected numbers"):
-        spec.parse_users("1,many")
+        speculative.parse_users("1,many")
     with pytest.raises(ValueError, match="--users: every count must be >= 1"):
-        spec.parse_users("0,4")
+        speculative.parse_users("0,4")
 
 
 def test_gain_is_per_user_tokens_per_s_on_over_off():
@@ -37,7 +37,7 @@ def test_gain_is_per_user_tokens_per_s_on_over_off():
 def test_table_shows_each_run_the_gain_and_whether_answers_match():
     runs = [run(1, False, 30.0), run(1, True, 60.0),
             run(32, False, 10.0), run(32, True, 8.0, answers=((9,),))]
-    text = spec.table(runs)
+    text = speculative.table(runs)
     lines = text.splitlines()
     assert lines[0].split() == ["users", "speculation", "tok/s/user", "total", "tok/s",
                                 "accepted", "mean", "len", "tokens", "same"]
