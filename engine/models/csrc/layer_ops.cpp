@@ -35,17 +35,6 @@ namespace {
 
 constexpr int64_t kMinElemsPerThread = 32768;  // below this a row range runs unsplit
 
-inline float to_f(float x) { return x; }
-inline float to_f(at::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float to_f(at::Half x) { return static_cast<float>(x); }
-
-inline float to_f(double x) { return static_cast<float>(x); }
-
 template <typename T>
 inline T from_f(float f) { return static_cast<T>(f); }
 template <>

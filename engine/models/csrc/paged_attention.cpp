@@ -31,19 +31,10 @@
 
 namespace {
 
-inline float to_float(float x) { return x; }
-inline float to_float(at::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float to_float(at::Half x) { return static_cast<float>(x); }
-
 template <typename T>
-inline void row_to_float(const T* src, float* dst, int64_t n) {
+inline void row_to_f(const T* src, float* dst, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_f(src[i]);
 }
 
 template <typename scalar_t>
@@ -59,7 +50,7 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
     for (int64_t w = begin; w < end; ++w) {
       const int64_t s = w / KVH, h = w % KVH;
       const scalar_t* qs = q + s * q_stride + h * G * D;
-      for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qs[i]) * scale;
+      for (int64_t i = 0; i < G * D; ++i) qf[i] = to_f(qs[i]) * scale;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kLowest);
       std::fill(l.begin(), l.end(), 0.f);
@@ -77,7 +68,7 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
             const scalar_t* kt = kb + t * D;
             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_float(kt[d]);
+            for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f(kt[d]);
             sc[t] = dot;
           }
           float bmax = m[g];
@@ -99,7 +90,7 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
             const float p = sc[t];
             const scalar_t* vt = vb + t * D;
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += p * to_float(vt[d]);
+            for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vt[d]);
           }
         }
       }

@@ -1,8 +1,22 @@
-// SIMD helpers the CPU kernels share: float32 and bfloat16 loads widened to float32
-// lanes, and e^x for x <= 0 (a softmax's and SiLU's exponent), for AVX-512 and AVX2.
+// Numeric helpers the CPU kernels share: a scalar's value as float32 (bfloat16 is the top
+// half of a float32), and for AVX-512 and AVX2 the same widening for vectors of loads and
+// e^x for x <= 0 (a softmax's and SiLU's exponent).
 #pragma once
 
 #include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+
+inline float to_f(float x) { return x; }
+inline float to_f(double x) { return static_cast<float>(x); }
+inline float to_f(at::Half x) { return static_cast<float>(x); }
+inline float to_f(at::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
