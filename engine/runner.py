@@ -61,7 +61,14 @@ from engine.models.attention import (
     gather_index,
 )
 from engine.models.llama import LlamaModel, ModelSpec
-from engine.sampler import greedy, process_logits, sample, token_logprobs
+from engine.sampler import (
+    greedy,
+    process_logits,
+    record_prompt_logprobs,
+    record_sample_logprobs,
+    sample,
+    token_histories,
+)
 from engine.sequence import Sequence
 
 GROUP_OVERHEAD = 24  # cost of one more decode group, in padded (request x block) units
@@ -208,69 +215,6 @@ def prompt_positions(seq: Sequence, start: int, end: int) -> range:
         return range(0)
     return range(max(start, len(seq.prompt_logprobs) - 1),
                  min(end, len(seq.prompt_token_ids) - 1))
-
-
-def spec_offsets(seqs: list[Sequence]) -> list[int]:
-    """Each logits row's index within its request's rows: 0 for a plain request; 0..k for
-    one verifying k drafts (its rows are consecutive)."""
-    offsets, prev, j = [], None, 0
-    for s in seqs:
-        j = j + 1 if s is prev else 0
-        offsets.append(j)
-        prev = s
-    return offsets
-
-
-def record_sample_logprobs(
-    logits: torch.Tensor,
-    seqs: list[Sequence],
-    entries: list[int],
-    sampled: dict[int, int | list[int]],
-) -> None:
-    """Append to each asking sequence's `logprobs` the entries of the tokens sampled from
-    raw `logits` (row r belongs to `seqs[r]`, entry `entries[r]`; a verification's row j
-    gives its j-th verified token, and rows past them give none)."""
-    rows, tokens, ks, owners = [], [], [], []
-    for r, (seq, j) in enumerate(zip(seqs, spec_offsets(seqs), strict=True)):
-        k = seq.params.logprobs
-        if k is None:
-            continue
-        out = sampled[entries[r]]
-        if isinstance(out, list):
-            if j >= len(out):
-                continue
-            out = out[j]
-        rows.append(r)
-        tokens.append(out)
-        ks.append(k)
-        owners.append(seq)
-    if not rows:
-        return
-    index = torch.tensor(rows, device=logits.device)
-    for seq, lp in zip(
-        owners, token_logprobs(logits.index_select(0, index), tokens, ks), strict=True
-    ):
-        seq.logprobs.append(lp)
-
-
-def record_prompt_logprobs(logits: torch.Tensor, rows: list[tuple[Sequence, int]]) -> None:
-    """Append prompt token p + 1's entry to `seq.prompt_logprobs` for each (seq, p) of
-    `rows`, logits row r from position p of rows[r] (positions ascending per request)."""
-    tokens = [seq.prompt_token_ids[p + 1] for seq, p in rows]
-    ks = [seq.params.prompt_logprobs for seq, _ in rows]
-    for (seq, p), lp in zip(rows, token_logprobs(logits, tokens, ks), strict=True):
-        assert len(seq.prompt_logprobs) == p + 1, "prompt logprobs are recorded in order"
-        seq.prompt_logprobs.append(lp)
-
-
-def token_histories(seqs: list[Sequence]) -> list[tuple[list[int], list[int]]]:
-    """Each logits row's (prompt ids, output ids before it), for the penalties: a
-    verification's row j follows the request's output and its first j drafts."""
-    out = []
-    for seq, j in zip(seqs, spec_offsets(seqs), strict=True):
-        output = seq.output_token_ids
-        out.append((seq.prompt_token_ids, output + seq.spec_token_ids[:j] if j else output))
-    return out
 
 
 class ModelRunner:
