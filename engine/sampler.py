@@ -2,7 +2,7 @@
 
 The order is vLLM V1's sampler's::
 
-    raw logits -> (logprobs, engine/logprobs.py)
+    raw logits -> (logprobs, `token_logprobs`)
                -> logit_bias -> repetition, frequency, presence penalties   `process_logits`
                -> greedy rows: argmax
                -> sampled rows: temperature -> min_p -> top-k -> top-p      `filter_batch`
@@ -24,6 +24,10 @@ Penalties count tokens as vLLM does: each row's token ids are padded into one [R
 tensor (the pad id is `vocab`, one spare column) and `scatter_add`ed into [R, vocab + 1]
 counts, so no Python loop runs over the vocabulary.
 
+The model runner's rows map to requests by `spec_offsets`: a request verifying k drafts
+owns k + 1 consecutive rows, so its penalties (`token_histories`) and its recorded
+log-probabilities (`record_sample_logprobs`) follow its drafts row by row.
+
 Reproducibility: each sampled request keeps its own CPU `torch.Generator` (seeded when
 the request gives a seed). For every token it draws one 63-bit number from it (a CPU op,
 no device sync), and that number seeds the device generator that fills the row's noise.
@@ -33,11 +37,16 @@ other requests share the batch, and the same seed gives the same tokens on the s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.config import SamplingParams
 from engine.models import native
 from engine.sequence import TokenLogprob
+
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
 
 
 def greedy(logits: torch.Tensor) -> list[int]:
@@ -228,3 +237,67 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
     noise = torch.empty_like(probs).exponential_(generator=_row_generator(probs.device, seed))
     return int((probs / noise).argmax())
+
+
+# ---- a step's rows and their requests ------------------------------------------------------
+def spec_offsets(seqs: list[Sequence]) -> list[int]:
+    """Each logits row's index within its request's rows: 0 for a plain request; 0..k for
+    one verifying k drafts (its rows are consecutive)."""
+    offsets, prev, j = [], None, 0
+    for s in seqs:
+        j = j + 1 if s is prev else 0
+        offsets.append(j)
+        prev = s
+    return offsets
+
+
+def token_histories(seqs: list[Sequence]) -> list[tuple[list[int], list[int]]]:
+    """Each logits row's (prompt ids, output ids before it), for the penalties: a
+    verification's row j follows the request's output and its first j drafts."""
+    out = []
+    for seq, j in zip(seqs, spec_offsets(seqs), strict=True):
+        output = seq.output_token_ids
+        out.append((seq.prompt_token_ids, output + seq.spec_token_ids[:j] if j else output))
+    return out
+
+
+def record_sample_logprobs(
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    entries: list[int],
+    sampled: dict[int, int | list[int]],
+) -> None:
+    """Append to each asking sequence's `logprobs` the entries of the tokens sampled from
+    raw `logits` (row r belongs to `seqs[r]`, entry `entries[r]`; a verification's row j
+    gives its j-th verified token, and rows past them give none)."""
+    rows, tokens, ks, owners = [], [], [], []
+    for r, (seq, j) in enumerate(zip(seqs, spec_offsets(seqs), strict=True)):
+        k = seq.params.logprobs
+        if k is None:
+            continue
+        out = sampled[entries[r]]
+        if isinstance(out, list):
+            if j >= len(out):
+                continue
+            out = out[j]
+        rows.append(r)
+        tokens.append(out)
+        ks.append(k)
+        owners.append(seq)
+    if not rows:
+        return
+    index = torch.tensor(rows, device=logits.device)
+    for seq, lp in zip(
+        owners, token_logprobs(logits.index_select(0, index), tokens, ks), strict=True
+    ):
+        seq.logprobs.append(lp)
+
+
+def record_prompt_logprobs(logits: torch.Tensor, rows: list[tuple[Sequence, int]]) -> None:
+    """Append prompt token p + 1's entry to `seq.prompt_logprobs` for each (seq, p) of
+    `rows`, logits row r from position p of rows[r] (positions ascending per request)."""
+    tokens = [seq.prompt_token_ids[p + 1] for seq, p in rows]
+    ks = [seq.params.prompt_logprobs for seq, _ in rows]
+    for (seq, p), lp in zip(rows, token_logprobs(logits, tokens, ks), strict=True):
+        assert len(seq.prompt_logprobs) == p + 1, "prompt logprobs are recorded in order"
+        seq.prompt_logprobs.append(lp)

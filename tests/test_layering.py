@@ -87,10 +87,12 @@ def test_each_package_imports_only_downward() -> None:
 
 
 def test_engine_holds_the_serving_core_only() -> None:
+    """Top-level engine modules <= 16, each with one job; subpackages (models/,
+    attention/, ...) hold a job's parts."""
     found = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
     assert len(found) <= MAX_ENGINE_MODULES, (
-        f"engine/ has {len(found)} modules (at most {MAX_ENGINE_MODULES}, models/ aside): "
-        + ", ".join(found))
+        f"engine/ has {len(found)} top-level modules (at most {MAX_ENGINE_MODULES}, each with "
+        "one job; subpackages hold a job's parts): " + ", ".join(found))
 
 
 # ---- no cycles between modules ---------------------------------------------------------

@@ -56,7 +56,7 @@ class DecodeGroup:
 class KernelDecode:
     """Rows [0, num_seqs) for the native kernel, which reads blocks in place: the decode
     rows, and on a CPU every row of the step (a prefill row attends to its own position + 1
-    keys of its request's table; the runner's `paged_prefill`)."""
+    keys of its request's table: `PagedKernelBackend.paged_prefill`)."""
 
     kernel: Callable[..., torch.Tensor]  # native.PagedDecode
     block_tables: torch.Tensor  # [S, max_blocks] int32, padded with 0

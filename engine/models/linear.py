@@ -25,9 +25,9 @@ import torch.nn.functional as F
 # oneDNN (bfloat16 matmuls on a CPU) keeps a compiled primitive per matmul shape in two
 # caches, its own and ideep's, 1,024 entries each by default, each entry holding memory that
 # grows with the shape (~1 MiB at 512 x 3072): unbounded, a server meeting every row count
-# grows by hundreds of MiB over minutes (docs/engine.md). Bounded here, with the runner's
-# row buckets (`engine.runner.row_bucket`) keeping the shapes a step meets few enough to
-# stay cached. Read when oneDNN first runs; set either variable yourself to override.
+# grows by hundreds of MiB over minutes (docs/engine.md). Bounded here, with the row
+# buckets (`engine.attention.common.row_bucket`) keeping the shapes a step meets few enough
+# to stay cached. Read when oneDNN first runs; set either variable yourself to override.
 ONEDNN_CACHE_ENTRIES = "64"
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_ENTRIES)
 os.environ.setdefault("LRU_CACHE_CAPACITY", ONEDNN_CACHE_ENTRIES)

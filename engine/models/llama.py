@@ -141,7 +141,8 @@ class LlamaModel:
                 down=Linear(w(mlp + "down_proj.weight"), pack=pack, kernel=kernel),
             ))
         # a CPU matmul in oneDNN (packed, or float16 / bfloat16 by F.linear) keeps memory per
-        # row count: the runner then pads rows to a few sizes (`engine.runner.row_bucket`)
+        # row count: the step's rows are then padded to a few sizes
+        # (`engine.attention.common.row_bucket`)
         linears = [self.lm_head] + [lin for layer in self.layers
                                     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         self.cpu_onednn_matmuls = device.type == "cpu" and any(

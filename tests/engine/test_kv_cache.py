@@ -105,7 +105,7 @@ def test_bad_sizes_name_the_field(field, kwargs):
 
 
 def test_decode_groups_split_only_when_padding_is_costly():
-    from engine.runner import split_by_length
+    from engine.attention.torch_grouped import split_by_length
 
     assert split_by_length([3, 3, 3, 4]) == [(0, 4)]  # splitting saves less than overhead
     groups = split_by_length([1] * 30 + [35] * 30)

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.attention.common import BlockTables, row_bucket
+from engine.attention.cuda_graphs import padded_sizes
 from engine.core import EngineCore, Request
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import KVCacheManager
 from engine.metrics import RequestMetrics
 from engine.models.loaded import LoadedModel
-from engine.runner import BlockTables, ModelRunner, padded_sizes, row_bucket
+from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from tests.conftest import TEST_DEVICE, hf_greedy

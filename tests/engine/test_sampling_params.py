@@ -17,8 +17,15 @@ from sampling_ref import (
 
 from engine.config import SamplingParams, check_vocab
 from engine.metrics import RequestMetrics
-from engine.runner import ModelRunner, token_histories
-from engine.sampler import filter_batch, make_generator, process_logits, sample, token_logprobs
+from engine.runner import ModelRunner
+from engine.sampler import (
+    filter_batch,
+    make_generator,
+    process_logits,
+    sample,
+    token_histories,
+    token_logprobs,
+)
 from engine.sequence import Sequence
 
 VOCAB = 64
