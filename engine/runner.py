@@ -29,7 +29,7 @@ from engine.attention.paged_kernel import PagedKernelBackend
 from engine.attention.torch_grouped import Gather, TorchGroupedBackend
 from engine.models import native, paged_decode
 from engine.models.attention import AttentionMetadata
-from engine.models.llama import LlamaModel, ModelSpec
+from engine.models.llama import LlamaModel, ModelArch
 from engine.models.native import PagedDecode
 from engine.sampler import (
     greedy,
@@ -55,14 +55,14 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks  # the KV manager's pool
         self.dummy_block = num_blocks  # one more block in the tensors, for padded rows
-        dev, spec = model.device, model.spec
-        self.kv_caches = compute.run(self._allocate, spec, num_blocks + 1, block_size)
-        max_blocks = -(-spec.max_position_embeddings // block_size)
+        dev, arch = model.device, model.arch
+        self.kv_caches = compute.run(self._allocate, arch, num_blocks + 1, block_size)
+        max_blocks = -(-arch.max_position_embeddings // block_size)
         # bucket the eager path's row counts where oneDNN would keep a kernel per count (not
         # where the bfloat16 kernel runs every matmul)
         self.inputs = InputBuilder(block_size, max_blocks, self.dummy_block,
                                    getattr(model, "cpu_onednn_matmuls", False))
-        self.gather = Gather(spec.num_kv_heads, num_blocks + 1, dev)
+        self.gather = Gather(arch.num_kv_heads, num_blocks + 1, dev)
         kernel = paged_decode.kernel() if dev.type == "cuda" else native.paged_decode(
             dev, model.dtype)
         self.backend: Backend = self._backend(kernel)
@@ -86,16 +86,16 @@ class ModelRunner:
         return PagedKernelBackend(self.inputs, self.gather, kernel, paged_prefill)
 
     def _allocate(
-        self, spec: ModelSpec, num_blocks: int, block_size: int
+        self, arch: ModelArch, num_blocks: int, block_size: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         model = self.model
-        shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
+        shape = (arch.num_kv_heads, num_blocks, block_size, arch.head_dim)
         return [
             (
                 torch.zeros(shape, dtype=model.dtype, device=model.device),
                 torch.zeros(shape, dtype=model.dtype, device=model.device),
             )
-            for _ in range(spec.num_layers)
+            for _ in range(arch.num_layers)
         ]
 
     def release_kv(self) -> None:

@@ -65,7 +65,6 @@ class ModelArch:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
-ModelSpec = ModelArch  # the runner imports ModelSpec until the attention split lands
 
 def rope_inv_freq(cfg: dict, arch: ModelArch) -> tuple[torch.Tensor, float]:
     """RoPE inverse frequencies and attention scaling, as transformers computes them."""
@@ -154,11 +153,6 @@ class LlamaModel:
         self.cos = (emb.cos() * rope_scaling).to(device=device, dtype=dtype)
         self.sin = (emb.sin() * rope_scaling).to(device=device, dtype=dtype)
         self.scale = 1.0 / math.sqrt(arch.head_dim)
-
-    @property
-    def spec(self) -> ModelArch:
-        """`arch` under its old name, read-only."""
-        return self.arch  # the runner reads .spec until the attention split lands
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:

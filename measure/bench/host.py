@@ -69,11 +69,6 @@ class InstantModel:
         logits[rows, 256 + (rows * 37) % (LOGITS_WIDTH - 256)] = 1.0
         self.logits = logits.to(device)
 
-    @property
-    def spec(self) -> ModelArch:
-        """`arch` under its old name, read-only."""
-        return self.arch  # the runner reads .spec until the attention split lands
-
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
         kv_caches: list, logits_rows: torch.Tensor,
