@@ -99,9 +99,5 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
-    def is_prefill(self) -> bool:
-        return self.num_remaining > 1
-
-    @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
