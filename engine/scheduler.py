@@ -125,7 +125,7 @@ class Scheduler:
             budget -= n
             i += 1
         batch.copies = self.kv.take_copies()
-        if batch.num_preempted:
+        if batch.num_preempted or not self.waiting:
             return batch  # no admissions in a step that had to preempt
         # forked candidates still to come hold their slots already
         slots = len(running) + sum(len(s.siblings) for s in running)
