@@ -274,7 +274,7 @@ class _API:
             who = "this API key" if key is not None else "this client"
             ident = key if key is not None else f"client {_client_host(request)}"
             charge = self.limits.admit(
-                ident, sum(len(ids) + p.max_tokens for ids, p in checked), who)
+                ident, sum(len(ids) + p.n * p.max_tokens for ids, p in checked), who)
         handles: list[RequestHandle] = []
         try:
             for i, (token_ids, params) in enumerate(checked):
