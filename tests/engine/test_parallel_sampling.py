@@ -18,7 +18,7 @@ from kv_checks import check_invariants
 from test_scheduler import EOS, FakeTokenizer, entries
 
 from engine.config import SamplingParams, candidate_params
-from engine.core import EngineCore, Request, make_request
+from engine.core import EngineCore, Request, copy_blocks, make_request
 from engine.kv_cache import KVCacheManager
 from engine.scheduler import Scheduler
 from engine.sequence import Status
@@ -200,6 +200,16 @@ def test_any_prompt_length_forks_and_frees_everything(length):
     out = run(core)["r"]
     assert [c.token_ids for c in out.candidates] == [[7] * 5] * 4
     assert core.kv.stats().used_blocks == 0
+
+
+def test_copy_blocks_copies_every_layers_k_and_v_and_nothing_else():
+    caches = [(torch.randn(3, 6, 4, 8), torch.randn(3, 6, 4, 8)) for _ in range(2)]
+    before = [(k.clone(), v.clone()) for k, v in caches]
+    copy_blocks(caches, [(1, 4), (2, 0)])
+    for (k, v), (k0, v0) in zip(caches, before, strict=True):
+        for t, t0 in ((k, k0), (v, v0)):
+            assert torch.equal(t[:, 4], t0[:, 1]) and torch.equal(t[:, 0], t0[:, 2])
+            assert torch.equal(t[:, [1, 2, 3, 5]], t0[:, [1, 2, 3, 5]])
 
 
 # ---- random submit / fork / write / cancel / preempt / finish sequences ---------------------
