@@ -7,7 +7,7 @@ the message as it is.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -28,6 +28,8 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 SPECULATIVE_METHODS = ("ngram",)
 MAX_SPECULATIVE_TOKENS = 16
 MAX_PROMPT_LOOKUP = 16
+MAX_N = 16  # parallel sampling: candidates per request
+MAX_SEED = 2**63 - 1
 
 
 def check_speculative(method: str | None, num_speculative_tokens: int,
@@ -148,6 +150,9 @@ class SamplingParams:
     min_p: drop tokens whose probability is below min_p x the most likely token's.
     logprobs: None for none; k for the chosen token's log-probability and the top k.
     prompt_logprobs: the same for every prompt token (the first has none).
+    n: parallel sampling, the number of candidates (answers) to the one prompt. Candidate i
+        samples with its own generator, seeded `seed + i` when a seed is given, so it equals
+        the single request with that seed (see `candidate_params`).
     """
 
     max_tokens: int = 64
@@ -166,6 +171,7 @@ class SamplingParams:
     min_p: float = 0.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -178,8 +184,9 @@ class SamplingParams:
         p = self.top_p
         if not isinstance(p, int | float) or math.isnan(p) or not (0 < p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0, 2**63 - 1)
+        _check_int("n", self.n, 1, MAX_N)
+        if self.seed is not None:  # every candidate's seed, seed + i, stays in range
+            _check_int("seed", self.seed, 0, MAX_SEED - (self.n - 1))
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -209,3 +216,11 @@ class SamplingParams:
         """logit_bias or a penalty is set: the logits change before greedy or sampling."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0)
+
+
+def candidate_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The params candidate `index` of a parallel-sampling request samples with: the same,
+    with the seed `seed + index` when one is given (candidate 0 keeps the request's)."""
+    if params.seed is None or index == 0:
+        return params
+    return replace(params, seed=params.seed + index)

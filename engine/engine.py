@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from engine.config import EngineConfig, SamplingParams
-from engine.core import EngineCore, Request, RequestUpdate, StepStats
+from engine.core import EngineCore, Request, RequestUpdate, StepStats, request_output
 from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
 from engine.memory.budget import GIB, check_pool_memory
 from engine.models.loaded import LoadedModel
@@ -238,6 +238,10 @@ class Engine(ServingBase):
         limit = min(self.max_model_len, self.pool_tokens)
         where = "model context" if self.max_model_len <= self.pool_tokens else "KV pool"
         check_fit(len(token_ids), p.max_tokens, limit, where)
+        if p.n > self.config.max_num_seqs:  # its candidates are admitted together
+            raise ValueError(f"n: {p.n} candidates exceed max_num_seqs of "
+                             f"{self.config.max_num_seqs} (allowed: 1 to "
+                             f"{self.config.max_num_seqs})")
 
     # ---- the step loop -------------------------------------------------------------
     def _run_loop(self) -> None:
@@ -267,12 +271,17 @@ class Engine(ServingBase):
                     update = self.core.abort(request.request_id)
                 except Exception:  # the core's state is broken: end the request as it is
                     self.core.requests.pop(request.request_id, None)
-            if update is None or update.output is None:
-                seq = request.seq
-                update = RequestUpdate(request, "", len(seq.output_token_ids),
-                                       make_output(seq, request.detok, "error", reason))
-            update.output.finish_reason, update.output.error = "error", reason
-            update.request.seq.finish_reason, update.request.seq.error = "error", reason
+            if update is None or update.request_output is None:
+                for cand in request.candidates:
+                    if cand.output is None:
+                        cand.output = make_output(cand.seq, cand.detok, "error", reason)
+                update = RequestUpdate(request, "", len(request.seq.output_token_ids),
+                                       request.candidates[0].output,
+                                       request_output=request_output(request))
+            for out in [update.request_output, *update.request_output.candidates]:
+                out.finish_reason, out.error = "error", reason
+            for cand in request.candidates:
+                cand.seq.finish_reason, cand.seq.error = "error", reason
             updates.append(update)
         self._stream(updates)
 
@@ -322,18 +331,30 @@ class Engine(ServingBase):
                 traceback.print_exc()
 
     def _stream(self, updates: Iterable[RequestUpdate]) -> None:
-        """Hand each update to its request's streaming handle; tell the listeners of each
-        request that ended."""
+        """Hand each update to its candidate's streaming handle; finish the request's
+        handle and tell the listeners when it ended."""
         for u in updates:
             handle = u.request.handle
+            target = handle.candidate(u.index) if handle is not None else None
             if u.output is None:
-                if handle is not None:
-                    handle._push(u.delta, u.num_tokens)
+                if target is not None:
+                    target._push(u.delta, u.num_tokens)
+                    if target is not handle:
+                        handle._first.set()  # n > 1: the request's first token
                 continue
+            if target is not None and not target.done:
+                target._finish(u.output, u.delta)
+            if u.request_output is None:
+                continue  # other candidates of the request still run
             if handle is not None:
-                handle._finish(u.output, u.delta)
+                for child, out in zip(handle.candidates, u.request_output.answers,
+                                      strict=True):
+                    if not child.done:  # ended by a cancel or a failure with the request
+                        child._finish(out)
+                if not handle.done:
+                    handle._finish(u.request_output)
             for listener in self._finish_listeners:
                 try:
-                    listener(u.output)
+                    listener(u.request_output)
                 except Exception:  # a broken listener must not stop the engine
                     traceback.print_exc()

@@ -14,6 +14,19 @@ Every block is in exactly one of three states::
 
 Prefix caching hashes each full block chained to its parent's hash,
 ``hash((parent_hash, tokens))``, and compares tokens and parent on a hit.
+
+Parallel sampling forks a request's prompt: `fork` gives each candidate the blocks of
+the prompt's first L-1 tokens by reference count. Full blocks are never written again;
+the last, partial block is (each candidate appends its own tokens there), so it is
+copied on write: the first `allocate` of a candidate holding a shared tail takes a fresh
+block, and the (src, dst) pair waits in `take_copies` for the step to copy its K/V::
+
+    prompt of 37 tokens, block size 16, n = 3, after the fork (36 tokens computed)
+    cand 0   [b0 b1 b2]          b0, b1 full: ref 3     b2 holds 4 of 16 slots: ref 3
+    cand 1   [b0 b1 b2]
+    cand 2   [b0 b1 b2]
+    first writes: cand 0 copies b2 -> b7, cand 1 copies b2 -> b8, cand 2 writes b2 itself
+    cand 0   [b0 b1 b7]   cand 1   [b0 b1 b8]   cand 2   [b0 b1 b2]
 """
 
 from __future__ import annotations
@@ -109,6 +122,9 @@ class KVCacheManager:
         self.block_tables: dict[str, list[int]] = {}
         self._num_hashed: dict[str, int] = {}  # full blocks of a request already hashed
         self._num_tokens: dict[str, int] = {}  # computed tokens in cache per request
+        # request -> index in its table of a partial block it shares with forked candidates
+        self.shared_tails: dict[str, int] = {}
+        self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet done
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -149,19 +165,27 @@ class KVCacheManager:
     def allocate(
         self, request_id: str, num_tokens: int, cached_blocks: list[int] | None = None
     ) -> bool:
-        """Grow a request's block table to hold `num_tokens`; False if blocks ran out.
+        """Grow a request's block table to hold `num_tokens` before it writes there; False
+        if blocks ran out.
 
-        `cached_blocks` (a prefix hit, first allocation only) are shared, not copied.
+        `cached_blocks` (a prefix hit, first allocation only) are shared, not copied. A
+        shared partial tail (after a fork) is copied on write here, its first write.
         """
         table = self.block_tables.setdefault(request_id, [])
         cached_blocks = cached_blocks or []
         assert not cached_blocks or not table, "prefix hits only on a first allocation"
         need = self.blocks_needed(num_tokens) - len(table) - len(cached_blocks)
+        tail = self.shared_tails.get(request_id)
+        copy = tail is not None and self.blocks[table[tail]].ref_count > 1
         evictable_hits = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
-        if need > self.num_free_blocks - evictable_hits:
+        if max(need, 0) + copy > self.num_free_blocks - evictable_hits:
             if not table:
                 del self.block_tables[request_id]
             return False
+        if tail is not None:
+            del self.shared_tails[request_id]
+            if copy:
+                self._copy_on_write(table, tail)
         for bid in cached_blocks:
             blk = self.blocks[bid]
             if blk.ref_count == 0:
@@ -174,6 +198,41 @@ class KVCacheManager:
         for _ in range(max(need, 0)):
             table.append(self._pop_free())
         return True
+
+    def _copy_on_write(self, table: list[int], index: int) -> None:
+        """Give `table` a block of its own in place of the shared block at `index`; the
+        copy of its K/V is queued for the step (`take_copies`)."""
+        src = table[index]
+        dst = self._pop_free()
+        self.blocks[src].ref_count -= 1
+        assert self.blocks[src].ref_count >= 1, "a shared block has another holder"
+        table[index] = dst
+        self._copies.append((src, dst))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block pairs whose K/V must be copied before the next step runs."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def fork(self, request_id: str, child_id: str, num_tokens: int) -> None:
+        """Give `child_id` the blocks of `request_id`'s first `num_tokens` tokens by
+        reference count (parallel sampling). A partial last block becomes a shared tail of
+        both, copied on its holders' first writes.
+
+        Why copy the tail and not give each candidate the prompt again as a prefix-cache
+        hit: a hit covers full blocks only, so every candidate would recompute the tail's
+        tokens through the whole model (up to block_size - 1 each, n times), and with
+        prefix caching off would recompute the whole prompt; a copy moves one block's
+        slots, and works with the cache off."""
+        assert child_id not in self.block_tables, child_id
+        table = self.block_tables.get(request_id, [])[: self.blocks_needed(num_tokens)]
+        for bid in table:
+            self.blocks[bid].ref_count += 1
+        self.block_tables[child_id] = list(table)
+        self._num_hashed[child_id] = min(self._num_hashed.get(request_id, 0), len(table))
+        self._num_tokens[child_id] = num_tokens
+        if num_tokens % self.block_size:
+            self.shared_tails[request_id] = self.shared_tails[child_id] = len(table) - 1
 
     def _pop_free(self) -> int:
         if self._free:
@@ -216,6 +275,7 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         """Release a request's blocks; full hashed blocks stay cached for reuse (LRU)."""
         table = self.block_tables.pop(request_id, [])
+        self.shared_tails.pop(request_id, None)
         self._num_hashed.pop(request_id, None)
         self._num_tokens.pop(request_id, None)
         self._release(reversed(table))  # tail first, so it is evicted first

@@ -15,6 +15,11 @@ lookup, engine/speculative.py): the drafts and the last token are one short chun
 contiguous cache; rejected drafts' K/V lie past `num_computed_tokens` and are overwritten
 later (the buffer is reserved whole, so nothing is freed).
 
+Parallel sampling (`SamplingParams.n` > 1) runs as a single-user runtime runs it: the
+candidates one after another, each processing the prompt again into its own contiguous
+n_ctx reservation (nothing is shared), each with its own generator seeded as on the
+engine (`engine.config.candidate_params`).
+
 With a device and model profile the local PC is *emulated*: it still computes real tokens
 with the bundled model but releases them no faster than the roofline projection for that
 pair ("a 7B model on an RTX 4060 laptop"), and labels its outputs so.
@@ -27,11 +32,11 @@ from collections import deque
 from typing import Protocol
 
 from engine.config import SamplingParams
-from engine.core import Request
+from engine.core import Candidate, Request, request_output
 from engine.models.loaded import LoadedModel
 from engine.outputs import append_token, make_output
 from engine.runner import ModelRunner
-from engine.sequence import Status
+from engine.sequence import Sequence, Status
 from engine.serving import ALL_STEPS, ServingBase, ServingStats, check_fit
 from engine.speculative import SpecDecodeStats, Speculation, append_verified, draft_limit
 
@@ -81,6 +86,7 @@ class LocalPC(ServingBase):
         self.runner.speculative = self.speculation is not None
         self._queue: deque[Request] = deque()
         self._current: Request | None = None
+        self._current_seq: Sequence | None = None  # the candidate being served
         self._num_finished = self._num_output_tokens = 0
         self._start_loop(self._loop, "batchlens-local")
 
@@ -89,8 +95,8 @@ class LocalPC(ServingBase):
         """What is being served and queued, and the KV memory reserved for it (the local
         side records no per-step timeline, so `steps_after` is accepted and unused)."""
         with self._cond:
-            cur = self._current
-            used = cur.seq.num_computed_tokens if cur is not None else 0
+            cur, seq = self._current, self._current_seq
+            used = seq.num_computed_tokens if seq is not None else 0
             per_token = self.kv_bytes_per_token
             return ServingStats(
                 **self._model_figures(),
@@ -139,9 +145,26 @@ class LocalPC(ServingBase):
             self._serve(request)
 
     def _serve(self, request: Request) -> None:
-        """Prefill, then decode one token per step, alone on the machine."""
-        seq, detok, handle = request.seq, request.detok, request.handle
-        gens = {seq.request_id: request.generator}
+        """Serve each candidate in turn; a cancel or a failure ends the rest with it."""
+        reason, error = None, None
+        for cand in request.candidates:
+            with self._cond:
+                self._current_seq = cand.seq
+            reason, error = self._serve_one(request, cand)
+            if reason in ("cancelled", "error"):
+                break
+            with self._cond:
+                self._finish_candidate(request, cand, reason)
+        with self._cond:
+            self._current = self._current_seq = None
+            self._finish(request, reason, error)
+
+    def _serve_one(self, request: Request, cand: Candidate) -> tuple[str, str | None]:
+        """Prefill, then decode one token per step, alone on the machine; the finish
+        reason and error."""
+        seq, detok = cand.seq, cand.detok
+        handle = request.handle.candidate(cand.index) if request.handle is not None else None
+        gens = {seq.request_id: cand.generator}
         table = {seq.request_id: list(range(self.runner.num_blocks))}
         eos = self.loaded.eos_token_ids
         seq.status = Status.RUNNING
@@ -155,8 +178,8 @@ class LocalPC(ServingBase):
         try:
             while reason is None:
                 with self._cond:
-                    if seq.request_id in self._cancels:
-                        self._cancels.discard(seq.request_id)
+                    if request.request_id in self._cancels:
+                        self._cancels.discard(request.request_id)
                         reason = "cancelled"
                         break
                 n = min(seq.num_remaining, PREFILL_CHUNK)
@@ -189,18 +212,31 @@ class LocalPC(ServingBase):
                 self._num_output_tokens += len(seq.output_token_ids) - before
                 if reason is None and handle is not None:
                     handle._push(detok.delta(), len(seq.output_token_ids))
+                    if handle is not request.handle:
+                        request.handle._first.set()  # n > 1: the request's first token
         except Exception as exc:  # a failed request must not stop the queue
             reason, error = "error", f"{type(exc).__name__}: {exc}"
-        with self._cond:
-            self._current = None
-            self._finish(request, reason, error)
+        return reason, error
+
+    def _finish_candidate(self, request: Request, cand: Candidate, reason: str,
+                          error: str | None = None) -> None:
+        """End one candidate: its output, and its own handle's end for n > 1."""
+        seq, detok = cand.seq, cand.detok
+        seq.status = Status.FINISHED
+        seq.finish_reason, seq.error = reason, error
+        seq.metrics.finish_time = time.monotonic()
+        label = self.pacing.label if self.pacing else None
+        cand.output = make_output(seq, detok, reason, error, label)
+        handle = request.handle
+        if handle is not None and len(request.candidates) > 1:
+            handle.candidate(cand.index)._finish(cand.output, detok.delta(final=True))
 
     def _finish(self, request: Request, reason: str, error: str | None = None) -> None:
-        seq, detok = request.seq, request.detok
-        seq.status = Status.FINISHED
-        seq.metrics.finish_time = time.monotonic()
+        """End the request: the candidates not finished yet end with `reason`."""
+        for cand in request.candidates:
+            if cand.output is None:
+                self._finish_candidate(request, cand, reason, error)
         self._num_finished += 1
-        label = self.pacing.label if self.pacing else None
         if request.handle is not None:
-            request.handle._finish(make_output(seq, detok, reason, error, label),
-                                   detok.delta(final=True))
+            delta = request.detok.delta(final=True) if len(request.candidates) == 1 else ""
+            request.handle._finish(request_output(request), delta)

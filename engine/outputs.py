@@ -5,6 +5,12 @@ token is sampled (`append_token`, `make_output`).
 Both the datacenter engine and the local PC return these types and share the token
 logic: append the token, time-stamp it, detokenize it, and decide whether the request
 is done. So the UI and the benchmark treat the two sides alike.
+
+Parallel sampling (`SamplingParams.n` > 1): the request's `RequestOutput` has candidate
+0's fields under the request's id, and `candidates`, every candidate's own output in
+index order (empty for n = 1, so a caller reads `out.candidates or [out]`). Its handle
+streams nothing itself: `handle.candidate(i)` is candidate i's own handle, streaming its
+deltas; `result()` waits for every candidate.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.metrics import RequestMetrics
@@ -39,6 +45,12 @@ class RequestOutput:
     max_tokens: int | None = None  # the request's `SamplingParams.max_tokens`
     logprobs: list[TokenLogprob] | None = None  # one per output token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, when asked
+    candidates: list[RequestOutput] = field(default_factory=list)  # n > 1: each one's own
+
+    @property
+    def answers(self) -> list[RequestOutput]:
+        """Every candidate's output in index order: `[self]` for n = 1."""
+        return self.candidates or [self]
 
     @property
     def ttft(self) -> float | None:
@@ -81,6 +93,12 @@ class RequestHandle:
         self._output: RequestOutput | None = None
         self.text = ""  # text handed out so far by iteration / poll
         self.num_tokens = 0
+        self.candidates: list[RequestHandle] = [self]  # n > 1: each candidate's own handle
+
+    def candidate(self, index: int) -> RequestHandle:
+        """Candidate `index`'s handle (for n = 1, candidate 0 is this handle); cancelling
+        one cancels the whole request."""
+        return self.candidates[index]
 
     # ---- engine side ---------------------------------------------------------------
     def _push(self, delta: str, num_tokens: int) -> None:

@@ -11,6 +11,16 @@ prompt's log-probabilities takes no prefix-cache hit (cached tokens have no logi
 With speculative decoding a decoding request also brings its drafts (`spec_token_ids`):
 they take budget and blocks like prompt tokens, are trimmed to what the budget leaves,
 and are dropped rather than preempt anyone when blocks run short.
+
+Parallel sampling: a request of n candidates is admitted once n slots of `max_num_seqs`
+are free, and its first candidate prefills the prompt but its last token (the others
+wait in its `siblings`). Then the others fork from it, sharing its blocks (see
+engine/kv_cache.py), and join the running list right after it; from there each candidate
+is a request of its own: it computes the last prompt token (which copies the shared tail
+block on write) and samples, and may be preempted and recomputed alone, its prompt then
+a prefix-cache hit where the blocks are still cached. When the prefix cache already
+holds all of the prompt but the last token, the candidates are simply admitted one after
+another, each with that hit.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ class ScheduledBatch:
     """What one step computes: (sequence, number of new tokens) pairs."""
 
     entries: list[tuple[Sequence, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks
     num_preempted: int = 0
     num_admitted: int = 0  # the last entries came from the waiting queue in this step
 
@@ -81,20 +92,26 @@ class Scheduler:
         entries, running = batch.entries, self.running
         tables, bs = self.kv.block_tables, self.kv.block_size
         i = 0
+        shared = self.kv.shared_tails
         while i < len(running) and budget > 0:
             seq = running[i]
+            if seq.siblings and seq.num_computed_tokens == len(seq.prompt_token_ids) - 1:
+                self._fork(seq, i)
             computed = seq.num_computed_tokens
             drafts = seq.spec_token_ids  # speculative decoding: verified with the last token
             n = min(seq.num_tokens - computed + len(drafts), budget)
             cap = prefill_chunk_cap(computed, self.max_prefill_attention)
             if cap is not None and n > cap:
                 n = cap
+            if seq.siblings:  # its candidates fork before the last prompt token
+                n = min(n, len(seq.prompt_token_ids) - 1 - computed)
             if drafts:
                 n = self._fit_drafts(seq, n)
             table = tables.get(seq.request_id)
             # most decode steps fit the blocks a request holds (it needs a new one every
-            # block_size tokens): only ask the KV manager when they do not
-            if table is None or len(table) * bs < computed + n:
+            # block_size tokens): only ask the KV manager when they do not, or when the
+            # request's next write is into a block it shares (copy on write)
+            if table is None or len(table) * bs < computed + n or seq.request_id in shared:
                 while not self.kv.allocate(seq.request_id, computed + n):
                     victim = running[-1]
                     self._preempt(victim)
@@ -107,13 +124,18 @@ class Scheduler:
             entries.append((seq, n))
             budget -= n
             i += 1
-        if batch.num_preempted:
+        batch.copies = self.kv.take_copies()
+        if batch.num_preempted or not self.waiting:
             return batch  # no admissions in a step that had to preempt
-        free = self.max_num_seqs - len(self.running)
+        # forked candidates still to come hold their slots already
+        slots = len(running) + sum(len(s.siblings) for s in running)
+        free = self.max_num_seqs - slots
         if entries and free < min(self.min_admit_slots, len(self.waiting)):
             return batch  # wait until a wave of requests can be admitted together
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and slots < self.max_num_seqs:
             seq = self.waiting[0]
+            if slots + 1 + len(seq.siblings) > self.max_num_seqs:
+                break  # all of a request's candidates are admitted together
             hits: list[int] = []
             # cached tokens have no logits: one that needs its prompt's skips the prefix
             # cache (vLLM's skip_reading_prefix_cache), uncounted in its queries
@@ -121,10 +143,14 @@ class Scheduler:
             if lookup and seq.num_computed_tokens == 0:
                 hits = self.kv.find_cached_prefix(seq.token_ids)
             num_cached = len(hits) * self.kv.block_size
+            if seq.siblings and num_cached >= len(seq.prompt_token_ids) - 1:
+                self._release_siblings(seq)  # each will take the same hit: nothing to fork
             n = min(seq.num_tokens - num_cached, budget)
             cap = prefill_chunk_cap(num_cached, self.max_prefill_attention)
             if cap is not None and n > cap:
                 n = cap
+            if seq.siblings:
+                n = min(n, len(seq.prompt_token_ids) - 1 - num_cached)
             if not self.kv.allocate(seq.request_id, num_cached + n, hits):
                 break
             if lookup:
@@ -136,8 +162,30 @@ class Scheduler:
             self.running.append(seq)
             batch.entries.append((seq, n))
             batch.num_admitted += 1
+            slots += 1 + len(seq.siblings)
             budget -= n
         return batch
+
+    def _fork(self, seq: Sequence, i: int) -> None:
+        """Fork `seq`'s waiting candidates from it, its prompt but the last token computed:
+        they share its blocks and run right after it (at `running[i + 1:]`)."""
+        computed = seq.num_computed_tokens
+        for j, sib in enumerate(seq.siblings):
+            self.kv.fork(seq.request_id, sib.request_id, computed)
+            sib.num_computed_tokens = computed
+            sib.num_cached_tokens = seq.num_cached_tokens
+            sib.prompt_logprobs[:] = seq.prompt_logprobs  # complete but the last token's
+            sib.status = Status.RUNNING
+            if sib.metrics.first_scheduled_time is None:
+                sib.metrics.first_scheduled_time = seq.metrics.first_scheduled_time
+            self.running.insert(i + 1 + j, sib)
+        seq.siblings = []
+
+    def _release_siblings(self, seq: Sequence) -> None:
+        """Queue `seq`'s candidates as requests of their own, right after it."""
+        for j, sib in enumerate(seq.siblings):
+            self.waiting.insert(1 + j, sib)
+        seq.siblings = []
 
     def _fit_drafts(self, seq: Sequence, n: int) -> int:
         """Trim a request's drafts to the `n` tokens the budget gives it, and drop them when
@@ -167,4 +215,5 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv.free(seq.request_id)
+        seq.siblings = []  # candidates not forked yet end with it (the core ends them)
         seq.status = Status.FINISHED

@@ -14,6 +14,10 @@ Log-probabilities, where the params ask for them, are recorded by the model runn
 computes them: `logprobs` one per output token, `prompt_logprobs` one per prompt token
 (the first None, set at creation; the list's length says which prompt tokens are done,
 so a recompute after preemption records none twice).
+
+Parallel sampling (`SamplingParams.n` > 1) gives a request n sequences, its candidates.
+Only the first is scheduled at first; the others wait in its `siblings` until it has
+computed all of the prompt but the last token, then fork from it (engine/scheduler.py).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Sequence:
     num_accepted_tokens: int = 0  # of those, accepted
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    siblings: list[Sequence] = field(default_factory=list)  # candidates not forked yet
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:

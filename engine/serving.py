@@ -20,14 +20,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.config import SamplingParams, check_vocab
-from engine.core import Request, StepStats
-from engine.detokenizer import IncrementalDetokenizer
+from engine.core import Request, StepStats, make_request
 from engine.kv_cache import KVCacheStats
-from engine.metrics import RequestMetrics
 from engine.models.loaded import LoadedModel, Prompt
 from engine.outputs import RequestHandle, RequestOutput
-from engine.sampler import make_generator
-from engine.sequence import Sequence
 from engine.speculative import SpecDecodeStats
 
 # The loop's compute thread gives the GIL up around every tensor op and must win it back
@@ -173,27 +169,40 @@ class ServingBase:
         self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
     ) -> list[RequestHandle]:
         """Encode and check every request first, then queue them all at one moment."""
-        seqs = []
+        requests = []
         for prompt, p, rid in zip(prompts, params, ids, strict=True):
             token_ids = self.check(prompt, p)
             rid = rid or f"{self._id_prefix}-{next(self._ids)}"
-            seqs.append(Sequence(rid, token_ids, p, RequestMetrics(arrival_time=0.0)))
+            requests.append(make_request(rid, token_ids, p, 0.0, self.loaded.tokenizer))
         handles = []
         with self._cond:
             if self._stopped:
                 raise RuntimeError(f"{type(self).__name__} is {self._stop_reason}")
             now = time.monotonic()
-            for seq in seqs:
-                seq.metrics.arrival_time = now
-                asked = seq.params.prompt_logprobs is not None
-                h = RequestHandle(seq.request_id, seq.prompt_token_ids, self.cancel,
-                                  token_logprobs=seq.logprobs,
-                                  prompt_logprobs=seq.prompt_logprobs if asked else None)
-                detok = IncrementalDetokenizer(self.loaded.tokenizer, seq.params.stop)
-                self._enqueue(Request(seq, detok, make_generator(seq.params), h))
-                handles.append(h)
+            for request in requests:
+                for cand in request.candidates:
+                    cand.seq.metrics.arrival_time = now
+                request.handle = self._handle(request)
+                self._enqueue(request)
+                handles.append(request.handle)
             self._cond.notify()
         return handles
+
+    def _handle(self, request: Request) -> RequestHandle:
+        """A streaming handle for `request`; for n > 1 with one handle per candidate."""
+        rid = request.request_id
+        hs = [RequestHandle(c.seq.request_id if len(request.candidates) > 1 else rid,
+                            c.seq.prompt_token_ids, lambda _id: self.cancel(rid),
+                            token_logprobs=c.seq.logprobs,
+                            prompt_logprobs=(c.seq.prompt_logprobs
+                                             if c.seq.params.prompt_logprobs is not None
+                                             else None))
+              for c in request.candidates]
+        if len(hs) == 1:
+            return hs[0]
+        parent = RequestHandle(rid, request.seq.prompt_token_ids, self.cancel)
+        parent.candidates = hs
+        return parent
 
     def submit(
         self, prompt: Prompt, params: SamplingParams | None = None,

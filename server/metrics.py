@@ -143,14 +143,17 @@ class _Series:
         self.iteration_tokens = child(sized.iteration_tokens)
 
     def record(self, out: RequestOutput) -> None:
-        """One finished request."""
+        """One finished request: its tokens, preemptions and drafts summed over its
+        candidates (n > 1); its latencies are candidate 0's."""
         self.success[FINISHED_REASONS.get(out.finish_reason, "error")].inc()
-        self.generation_tokens.inc(len(out.token_ids))
-        self.preemptions.inc(out.num_preemptions)
-        if out.num_drafts:
-            self.spec_drafts.inc(out.num_drafts)
-            self.spec_draft_tokens.inc(out.num_draft_tokens)
-            self.spec_accepted_tokens.inc(out.num_accepted_tokens)
+        answers = out.answers
+        self.generation_tokens.inc(sum(len(a.token_ids) for a in answers))
+        self.preemptions.inc(sum(a.num_preemptions for a in answers))
+        for a in answers:
+            if a.num_drafts:
+                self.spec_drafts.inc(a.num_drafts)
+                self.spec_draft_tokens.inc(a.num_draft_tokens)
+                self.spec_accepted_tokens.inc(a.num_accepted_tokens)
         self._record_shape(out)
         if out.metrics.queue_time is not None:  # scheduled: prefilled and looked up
             self._record_prefill(out)
@@ -158,11 +161,12 @@ class _Series:
 
     def _record_shape(self, out: RequestOutput) -> None:
         """Its size and parameters: every request that ends counts."""
+        answers = out.answers
         self.prompt_len.observe(len(out.prompt_token_ids))
-        self.generation_len.observe(len(out.token_ids))
-        # vLLM's max over a request's n parallel samples; n is always 1 here
-        self.max_generation_len.observe(len(out.token_ids))
-        self.params_n.observe(1)
+        self.generation_len.observe(sum(len(a.token_ids) for a in answers))
+        # vLLM's max over a request's n parallel samples
+        self.max_generation_len.observe(max(len(a.token_ids) for a in answers))
+        self.params_n.observe(len(answers))
         if out.max_tokens:
             self.params_max_tokens.observe(out.max_tokens)
 

@@ -8,7 +8,7 @@ token ids, or a list of either: one request each) / `messages` (chat), `max_toke
 (chat: `max_completion_tokens` too, and it wins), `temperature`, `top_p`, `top_k`,
 `min_p`, `seed`, `stop` (a string or a list), `presence_penalty`, `frequency_penalty`,
 `repetition_penalty`, `logit_bias`, `logprobs` (completions: how many top tokens; chat:
-true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 only),
+true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices per prompt),
 `stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`, `min_tokens` and
 `stop_token_ids`. A field OpenAI or vLLM defines that this server does not implement
 (`UNSUPPORTED`: tools, a `response_format` other than text, `suffix`, beam search, guided
@@ -66,7 +66,8 @@ MAX_PROMPTS = 64  # prompts in one /v1/completions request
 @dataclass(frozen=True)
 class GenerationRequest:
     """A validated request: what to submit to the engine and how to answer it. `prompts`
-    holds one prompt, or a completions request's list (one engine request each)."""
+    holds one prompt, or a completions request's list (one engine request each); each
+    prompt gets `n` choices, choice index = prompt index * n + candidate (vLLM's order)."""
 
     prompts: tuple[Prompt, ...]
     params: SamplingParams
@@ -133,7 +134,6 @@ UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (lambda v: _absent(v) or v == "none", "function calling is not supported here"),
     "response_format": (_text_format, "only the text response format is supported here"),
     "suffix": (lambda v: _absent(v) or v == "", "suffix (insertion) is not supported here"),
-    "best_of": (lambda v: v is None or v == 1, "best_of other than 1 is not supported here"),
     "use_beam_search": (_absent, "beam search is not supported here"),
     "length_penalty": (lambda v: v is None or v == 1, "length_penalty needs beam search, "
                        "which is not supported here"),
@@ -225,8 +225,10 @@ def fit_default_max_tokens(req: GenerationRequest, prompt_tokens: int,
 def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
              max_tokens_fields: tuple[str, ...]) -> GenerationRequest:
     n = _int(body, "n", 1)
-    if n != 1:
-        raise bad_request(f"n: only n=1 is supported, got {n}", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:  # best_of == n returns every candidate: n
+        raise bad_request(f"best_of: only best_of equal to n ({n}) is supported here "
+                          f"(got {shown(best_of)})", "best_of")
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -262,6 +264,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         "logit_bias": _logit_bias(body.get("logit_bias")),
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
+        "n": n,
     }
     try:
         params = SamplingParams(**fields)

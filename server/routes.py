@@ -212,6 +212,7 @@ class _API:
         engine = await self._engine()
         reply = Reply.new(req.chat, self.model_name)
         handles, charge = await self._submit(request, engine, req, reply.id, key)
+        choices = [c for h in handles for c in h.candidates]  # prompt i's n, in order
         texts = TokenText(engine.loaded.tokenizer)
 
         def close() -> None:  # nothing when they finished; frees blocks when they had not
@@ -221,31 +222,33 @@ class _API:
                 charge.settle(sum(_tokens_used(h) for h in handles))
 
         if req.stream:
-            return EventStream(self._events(handles, req, reply, texts), on_close=close)
+            return EventStream(self._events(handles, choices, req, reply, texts),
+                               on_close=close)
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_cancel_on_disconnect, request.receive, handles)
-                for handle in handles:
+                for handle in [*handles, *choices]:  # a request ends after its choices
                     await self.watcher.wait_done(handle)
                 tasks.cancel_scope.cancel()
         finally:
             close()
-        outs = [h.result() for h in handles]
+        outs = [c.result() for c in choices]
         for out in outs:
             if out.finish_reason not in FINISH_REASONS:
                 raise _failure(out)
-        choices = [reply.choice(_echo(req, i, texts) + out.text, out.finish_reason, index=i,
-                                logprobs=_whole_logprobs(req, out, texts))
-                   for i, out in enumerate(outs)]
+        shaped = [reply.choice(_echo(req, i, texts) + out.text, out.finish_reason, index=i,
+                               logprobs=_whole_logprobs(req, out, texts))
+                  for i, out in enumerate(outs)]
         extra = {}
         if req.show_prompt_logprobs:
             shown = [protocol.prompt_logprobs(out.prompt_logprobs or [], texts) for out in outs]
             if req.chat:  # vLLM: top level for chat, per choice for completions
                 extra["prompt_logprobs"] = shown[0]
             else:
-                for choice, entries in zip(choices, shown, strict=True):
+                for choice, entries in zip(shaped, shown, strict=True):
                     choice["prompt_logprobs"] = entries
-        return JSONResponse(reply.whole_of(choices, _usage(outs), **extra))
+        usage = _usage([h.result() for h in handles])
+        return JSONResponse(reply.whole_of(shaped, usage, **extra))
 
     async def _submit(self, request: Request, engine: Engine, req: GenerationRequest,
                       request_id: str, key: str | None
@@ -271,7 +274,7 @@ class _API:
             who = "this API key" if key is not None else "this client"
             ident = key if key is not None else f"client {_client_host(request)}"
             charge = self.limits.admit(
-                ident, sum(len(ids) + p.max_tokens for ids, p in checked), who)
+                ident, sum(len(ids) + p.n * p.max_tokens for ids, p in checked), who)
         handles: list[RequestHandle] = []
         try:
             for i, (token_ids, params) in enumerate(checked):
@@ -289,17 +292,19 @@ class _API:
                 raise APIError(503, f"the engine is not serving: {exc}") from None
             raise
 
-    async def _events(self, handles: list[RequestHandle], req: GenerationRequest,
-                      reply: Reply, texts: TokenText) -> AsyncIterator[str]:
+    async def _events(self, handles: list[RequestHandle], choices: list[RequestHandle],
+                      req: GenerationRequest, reply: Reply, texts: TokenText
+                      ) -> AsyncIterator[str]:
         """The SSE stream: each choice's text in chunks as the engine makes it (with the
         log-probabilities of its tokens when asked), its finish reason, usage when asked,
-        `[DONE]`; an engine error as an `error` event."""
-        logprobs = [_StreamLogprobs(req, h, texts) for h in handles]
-        echoed = [not req.echo] * len(handles)
+        `[DONE]`; an engine error as an `error` event. `choices` are the requests'
+        candidates' handles in choice order."""
+        logprobs = [_StreamLogprobs(req, h, texts) for h in choices]
+        echoed = [not req.echo] * len(choices)
         try:
             if reply.chat:
                 yield sse(reply.chunk("", role=True))
-            async for i, text, done in self._progress(handles):
+            async for i, text, done in self._progress(choices):
                 if text and not echoed[i]:  # the prompt's text once its logprobs are known
                     echoed[i] = True
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
@@ -308,7 +313,7 @@ class _API:
                     yield sse(reply.chunk(text, index=i, logprobs=logprobs[i].new()))
                 if not done:
                     continue
-                out = handles[i].result()
+                out = choices[i].result()
                 if out.finish_reason not in FINISH_REASONS:
                     yield sse_error(_failure(out))
                     yield SSE_DONE
@@ -320,6 +325,8 @@ class _API:
                 yield sse(reply.chunk(None, out.finish_reason, index=i,
                                       logprobs=logprobs[i].new(out)))
             if req.include_usage:
+                for handle in handles:  # a request ends just after its last choice
+                    await self.watcher.wait_done(handle)
                 yield sse(reply.usage_chunk(_usage([h.result() for h in handles])))
         except Exception:
             log.exception("stream %s failed", reply.id)
@@ -499,16 +506,18 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 
 def _tokens_used(handle: RequestHandle) -> int:
-    """Prompt and output tokens of a request: exact once it ended, else those seen so far."""
+    """Prompt and output tokens of a request (every candidate's): exact once it ended,
+    else those seen so far."""
     if handle.done:
         out = handle.result()
-        return len(out.prompt_token_ids) + len(out.token_ids)
-    return len(handle.prompt_token_ids) + handle.num_tokens
+        return len(out.prompt_token_ids) + sum(len(a.token_ids) for a in out.answers)
+    return len(handle.prompt_token_ids) + sum(c.num_tokens for c in handle.candidates)
 
 
 def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
+    """Usage of the requests' outputs: each prompt once, every candidate's tokens."""
     return protocol.usage(sum(len(o.prompt_token_ids) for o in outs),
-                          sum(len(o.token_ids) for o in outs),
+                          sum(len(a.token_ids) for o in outs for a in o.answers),
                           sum(o.num_cached_tokens for o in outs))
 
 
@@ -547,10 +556,11 @@ class TokenText:
 
 
 def _echo(req: GenerationRequest, i: int, texts: TokenText) -> str:
-    """The text `echo` puts before choice `i`'s answer: its prompt as sent ("" without)."""
+    """The text `echo` puts before choice `i`'s answer: its prompt as sent ("" without);
+    choice i answers prompt i // n."""
     if not req.echo:
         return ""
-    prompt = req.prompts[i]
+    prompt = req.prompts[i // req.n]
     return prompt if isinstance(prompt, str) else "".join(texts(t) for t in prompt)
 
 

@@ -145,3 +145,30 @@ def test_shutdown_cancels_unfinished(loaded):
     assert h.result(timeout=30).finish_reason == "cancelled"
     with pytest.raises(RuntimeError):
         e.submit("after shutdown")
+
+
+def test_n_candidates_stream_on_their_own_handles_and_cancel_together(engine):
+    h = engine.submit("Tell me a story.", SamplingParams(max_tokens=6, n=3, temperature=1.0,
+                                                         seed=3, ignore_eos=True))
+    assert h.candidate(0) is not h and len(h.candidates) == 3
+    texts = ["".join(h.candidate(i)) for i in range(3)]
+    out = h.result(timeout=60)
+    assert texts == [c.text for c in out.candidates] and out.text == texts[0]
+    assert [c.request_id for c in out.candidates] == [f"{h.request_id}#{i}" for i in range(3)]
+    long = engine.submit("Tell me a very long story about dragons.",
+                         SamplingParams(max_tokens=200, n=4, ignore_eos=True))
+    next(iter(long.candidate(2)))
+    long.candidate(2).cancel()  # one handle cancels the whole request
+    out = long.result(timeout=60)
+    assert [c.finish_reason for c in out.candidates] == ["cancelled"] * 4
+    assert all(c.done for c in long.candidates)
+    assert engine.stats().kv.used_blocks == 0
+    one = engine.submit("Hello", SamplingParams(max_tokens=2))
+    assert one.candidate(0) is one and one.result(timeout=60).candidates == []
+
+
+def test_n_past_max_num_seqs_is_refused_naming_n(loaded):
+    config = EngineConfig(device="cpu", dtype="float32", num_kv_blocks=32, max_num_seqs=2)
+    with (Engine(config, loaded=loaded) as small,
+          pytest.raises(ValueError, match=r"^n: 3 candidates exceed max_num_seqs of 2")):
+        small.submit("Hi", SamplingParams(n=3))

@@ -161,3 +161,82 @@ def test_speculative_local_pc_matches_and_seeds_repeat(loaded, prompts, referenc
     assert [o.token_ids for o in outs] == reference[1:2]
     assert again[0] == again[1]
     assert stats.spec_decode.num_draft_tokens > stats.spec_decode.num_accepted_tokens > 0
+
+
+# ---- parallel sampling: n candidates of one prompt ---------------------------------------
+N_CASES = [
+    ("plain", {}),
+    ("chunked prefill", dict(max_num_batched_tokens=16, num_kv_blocks=64)),
+    ("preemption", dict(block_size=8, num_kv_blocks=16)),
+    ("speculation", dict(num_kv_blocks=64, **SPEC)),
+]
+
+
+@pytest.mark.parametrize(("case", "cfg"), N_CASES, ids=[c for c, _ in N_CASES])
+def test_every_greedy_candidate_equals_the_single_answer(loaded, prompts, reference, case,
+                                                         cfg):
+    picked = [1, 3]  # 37 tokens (a partial last block to copy on write) and 70
+    config = EngineConfig(device="cpu", dtype="float32", **cfg)
+    with Engine(config, loaded=loaded) as engine:
+        params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, n=4)
+        outs = engine.generate([prompts[i] for i in picked], params)
+        stats = engine.stats()
+    for i, out in zip(picked, outs, strict=True):
+        assert [c.token_ids for c in out.candidates] == [reference[i]] * 4
+        assert out.token_ids == reference[i]
+    assert stats.kv.used_blocks == 0
+    if case == "preemption":
+        assert stats.num_preemptions > 0
+    if case == "speculation":
+        assert stats.spec_decode.num_accepted_tokens > 0
+
+
+def test_candidates_after_a_prefix_cache_hit_equal_the_single_answer(loaded, hf_model):
+    ids = loaded.encode(TEXT)
+    # 37 tokens: the hit covers 32, the fork copies the tail; 33: the hit is all but the
+    # last token, so each candidate takes it
+    batch = [ids[:37], ids[:33]]
+    ref = [hf_greedy(hf_model, p, MAX_NEW) for p in batch]
+    config = EngineConfig(device="cpu", dtype="float32", block_size=16, num_kv_blocks=64)
+    with Engine(config, loaded=loaded) as engine:
+        params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+        engine.generate(batch, params)
+        outs = engine.generate(batch, SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, n=4))
+    for out, want in zip(outs, ref, strict=True):
+        assert [c.token_ids for c in out.candidates] == [want] * 4
+        assert all(c.num_cached_tokens == 32 for c in out.candidates)
+
+
+def test_seeded_candidate_i_equals_the_single_request_with_seed_plus_i(loaded, prompts):
+    from engine.local import LocalPC
+
+    sampled = dict(max_tokens=12, temperature=0.9, ignore_eos=True)
+    config = EngineConfig(device="cpu", dtype="float32", num_kv_blocks=64)
+    with Engine(config, loaded=loaded) as engine:
+        runs = [engine.generate(prompts[1:2], SamplingParams(n=3, seed=11, **sampled))[0]
+                for _ in range(2)]
+        singles = [engine.generate(prompts[1:2], SamplingParams(seed=11 + i, **sampled))[0]
+                   for i in range(3)]
+    texts = [[c.token_ids for c in r.candidates] for r in runs]
+    assert texts[0] == texts[1] == [s.token_ids for s in singles]
+    assert len({tuple(t) for t in texts[0]}) > 1  # the candidates differ
+    with LocalPC(loaded, n_ctx=64) as local:
+        out = local.generate(prompts[1:2], SamplingParams(n=2, seed=11, **sampled))[0]
+        single = local.generate(prompts[1:2], SamplingParams(seed=12, **sampled))[0]
+    assert out.candidates[1].token_ids == single.token_ids
+    assert len(out.candidates) == 2 and out.candidates[0].text == out.text
+
+
+def test_eight_candidates_hold_the_prompt_once(loaded):
+    ids = (loaded.encode(TEXT) * 8)[:500]
+    config = EngineConfig(device="cpu", dtype="float32", block_size=16, num_kv_blocks=256)
+    with Engine(config, loaded=loaded) as engine:
+        usage: list[float] = []
+        engine.add_step_listener(lambda step: usage.append(step.kv_usage))
+        out = engine.generate([ids], SamplingParams(max_tokens=64, ignore_eos=True, n=8))[0]
+        steps = engine.stats().recent_steps
+    peak = round(max(usage) * 256)
+    assert peak <= -(-500 // 16) + 8 * -(-64 // 16) + 8  # 72: the prompt counted once
+    assert [len(c.token_ids) for c in out.candidates] == [64] * 8
+    # the prompt is computed once, but for its last token (each candidate's first)
+    assert sum(s.num_prefill_tokens for s in steps) == 499

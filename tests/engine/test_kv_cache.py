@@ -116,3 +116,72 @@ def test_decode_groups_split_only_when_padding_is_costly():
     assert all(a < b for a, b in groups) and len(groups) <= 4
     assert all(g1[1] == g2[0] for g1, g2 in zip(groups, groups[1:], strict=False))
     assert split_by_length([]) == []
+
+
+# ---- parallel sampling: fork and copy on write -------------------------------------------
+def test_fork_shares_the_prompt_blocks_by_reference_count():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    assert kv.allocate("a", 10)  # 10 tokens: 2 full blocks and a partial one
+    kv.fork("a", "b", 10)
+    kv.fork("a", "c", 10)
+    assert kv.block_tables["b"] == kv.block_tables["c"] == kv.block_tables["a"]
+    assert [kv.blocks[b].ref_count for b in kv.block_tables["a"]] == [3, 3, 3]
+    assert kv.shared_tails == {"a": 2, "b": 2, "c": 2}
+    assert kv.stats().used_blocks == 3
+    check_invariants(kv)
+
+
+def test_a_block_aligned_fork_shares_no_tail():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    assert kv.allocate("a", 8)
+    kv.fork("a", "b", 8)
+    assert kv.shared_tails == {}
+    assert kv.allocate("b", 9)  # the next token goes to a block of its own
+    assert kv.block_tables["b"][:2] == kv.block_tables["a"] and kv.take_copies() == []
+    check_invariants(kv)
+
+
+def test_the_partial_block_is_copied_on_the_first_write_and_the_last_holder_keeps_it():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    assert kv.allocate("a", 10)
+    tail = kv.block_tables["a"][2]
+    kv.fork("a", "b", 10)
+    kv.fork("a", "c", 10)
+    assert kv.allocate("a", 11)  # a writes token 10 into the shared tail: copies it
+    [(src, dst)] = kv.take_copies()
+    assert src == tail and kv.block_tables["a"][2] == dst != tail
+    assert kv.blocks[tail].ref_count == 2 and kv.blocks[dst].ref_count == 1
+    assert kv.allocate("b", 11)
+    assert kv.take_copies()[0][0] == tail
+    assert kv.allocate("c", 11)  # the last holder writes into the block itself
+    assert kv.take_copies() == [] and kv.block_tables["c"][2] == tail
+    assert kv.blocks[tail].ref_count == 1 and kv.shared_tails == {}
+    assert kv.allocate("c", 12) and kv.take_copies() == []  # no copy ever again
+    check_invariants(kv)
+
+
+def test_a_copy_on_write_needs_a_free_block():
+    kv = KVCacheManager(num_blocks=3, block_size=4)
+    assert kv.allocate("a", 10)
+    kv.fork("a", "b", 10)
+    assert not kv.allocate("a", 11)  # no block to copy the tail into
+    assert kv.block_tables["a"] == kv.block_tables["b"] and kv.shared_tails["a"] == 2
+    kv.free("b")
+    assert kv.allocate("a", 11) and kv.take_copies() == []  # alone now: no copy
+    check_invariants(kv)
+
+
+def test_freeing_every_candidate_returns_every_block():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    tokens = list(range(10, 20))
+    assert kv.allocate("a", 10)
+    kv.record_computed("a", tokens, 10)
+    for child in ("b", "c"):
+        kv.fork("a", child, 10)
+    assert kv.allocate("b", 11)
+    for rid in ("a", "b", "c"):
+        kv.free(rid)
+    s = kv.stats()
+    assert s.used_blocks == 0 and s.cached_blocks == 2  # the prompt's full blocks stay cached
+    assert kv.shared_tails == {} and not kv.block_tables
+    check_invariants(kv)

@@ -309,6 +309,82 @@ def test_a_list_of_prompts_answers_each_in_order_streamed_or_not(client, name, a
     assert texts == [r.text for r in refs] and finished == {0, 1, 2}
 
 
+def test_n_and_best_of_reach_the_params():
+    req = protocol.parse_completion({"prompt": "Hi", "n": 3, "best_of": 3}, STUB_MODEL)
+    assert (req.n, req.params.n) == (3, 3)
+    with pytest.raises(APIError) as err:
+        protocol.parse_chat({"messages": [{"role": "user", "content": "Hi"}], "n": 2,
+                             "best_of": 4}, STUB_MODEL)
+    assert err.value.param == "best_of" and "equal to n" in err.value.message
+
+
+@pytest.mark.model
+def test_n_choices_each_with_its_index_streamed_or_not(client, name, api_engine):
+    prompt = "Once upon a time"
+    seeded = [api_engine.generate([prompt], SamplingParams(max_tokens=8, temperature=1.0,
+                                                           seed=40 + i))[0] for i in range(3)]
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=1.0,
+                                    seed=40, n=3)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == [r.text for r in seeded]  # choice i: seed + i
+    assert got.usage.prompt_tokens == len(seeded[0].prompt_token_ids)  # the prompt once
+    assert got.usage.completion_tokens == sum(len(r.token_ids) for r in seeded)
+    texts, finished, usage = ["", "", ""], set(), None
+    for chunk in client.completions.create(model=name, prompt=prompt, max_tokens=8,
+                                           temperature=1.0, seed=40, n=3, stream=True,
+                                           stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finished.add(c.index)
+    assert texts == [r.text for r in seeded] and finished == {0, 1, 2}
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        got.usage.prompt_tokens, got.usage.completion_tokens)
+
+
+@pytest.mark.model
+def test_chat_n_choices_streamed_or_not(client, name):
+    chat = [{"role": "user", "content": "Name a colour."}]
+    whole = client.chat.completions.create(model=name, messages=chat, max_tokens=6,
+                                           temperature=0, n=3)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert len({c.message.content for c in whole.choices}) == 1  # greedy: all the same
+    single = client.chat.completions.create(model=name, messages=chat, max_tokens=6,
+                                            temperature=0)
+    assert whole.choices[2].message.content == single.choices[0].message.content
+    assert whole.usage.prompt_tokens == single.usage.prompt_tokens
+    assert whole.usage.completion_tokens == 3 * single.usage.completion_tokens
+    texts, reasons = ["", "", ""], {}
+    for chunk in client.chat.completions.create(model=name, messages=chat, max_tokens=6,
+                                                temperature=0, n=3, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                reasons[c.index] = c.finish_reason
+    assert texts == [c.message.content for c in whole.choices]
+    assert reasons == {c.index: c.finish_reason for c in whole.choices}
+
+
+@pytest.mark.model
+def test_n_with_a_list_of_prompts_orders_choices_prompt_major(client, name, api_engine):
+    prompts = ["The sky is", "Water boils at"]
+    refs = api_engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0))
+    got = client.completions.create(model=name, prompt=prompts, max_tokens=6, temperature=0,
+                                    n=2, echo=True)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    want = [p + r.text for p, r in zip(prompts, refs, strict=True) for _ in range(2)]
+    assert [c.text for c in got.choices] == want  # index = prompt index * n + candidate
+    assert got.usage.prompt_tokens == sum(len(r.prompt_token_ids) for r in refs)
+    assert got.usage.completion_tokens == 2 * sum(len(r.token_ids) for r in refs)
+    texts = [""] * 4
+    for chunk in client.completions.create(model=name, prompt=prompts, max_tokens=6,
+                                           temperature=0, n=2, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [r.text for r in refs for _ in range(2)]
+
+
 SAMPLING = [
     {"repetition_penalty": 1.8},
     {"presence_penalty": 1.5, "frequency_penalty": 1.0},

@@ -6,6 +6,7 @@ runs the real engine on the bundled model."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -293,6 +294,18 @@ def test_request_shape_histograms_count_every_request_that_ends(engine, metrics)
     assert value(s, "request_prompt_tokens_bucket", le="200.0") == 2
     assert value(s, "request_prompt_tokens_bucket", le="500.0") == 3
     assert value(s, "request_params_n_bucket", le="1.0") == 3
+
+
+def test_a_request_of_n_candidates_counts_n_and_every_candidates_tokens(engine, metrics):
+    cands = [output(prompt=10, tokens=t, preemptions=p) for t, p in ((4, 0), (9, 1), (2, 0))]
+    parent = dataclasses.replace(cands[0], candidates=cands)
+    engine.finish(parent)
+    s = scrape(metrics)
+    assert (value(s, "request_params_n_count"), value(s, "request_params_n_sum")) == (1, 3)
+    assert value(s, "request_generation_tokens_sum") == 15
+    assert value(s, "request_max_num_generation_tokens_sum") == 9
+    assert value(s, "request_prompt_tokens_sum") == 10  # the prompt once
+    assert value(s, "generation_tokens_total") == 15 and value(s, "num_preemptions_total") == 1
 
 
 def test_prompt_tokens_split_by_source_and_kv_computed(engine, metrics):

@@ -316,6 +316,8 @@ def test_params_map_to_the_openai_body_and_extensions_only_when_set(side_of, scr
     with pytest.raises(ValueError, match="max_tokens: 4096 does not fit the remote model "
                                          "context of 4096 tokens"):
         chat.submit("Hi", SamplingParams(max_tokens=4096))
+    with pytest.raises(ValueError, match=r"^n: a remote endpoint is sent one candidate"):
+        comp.submit("Hi", SamplingParams(n=2))
     assert len(script.bodies) == 2  # nothing refused here went out
 
 
