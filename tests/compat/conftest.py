@@ -26,6 +26,10 @@ BUILD_TIMEOUT_S = 3600.0  # the first build takes ~8 min on 2 cores
 START_TIMEOUT_S = 120.0
 DATACENTER_SLOTS = 8
 SLOT_CONTEXT = 1024  # tokens per slot: a chat prompt and 32 tokens fit with room to spare
+# llama.cpp's threads wait for each other at every op, spinning: on a machine shared with
+# other work one descheduled thread stalls the rest (500 ms a token instead of 9 with two
+# threads beside a busy test run), so one thread unless BATCHLENS_LLAMA_THREADS says more
+THREADS = int(os.environ.get("BATCHLENS_LLAMA_THREADS", "1"))
 
 
 def llama_server_binary() -> Path:
@@ -59,14 +63,14 @@ def llama_server(binary: Path, slots: int, log_path: Path) -> Iterator[str]:
     port = free_port()
     cmd = [str(binary), "-m", str(bundled_gguf_path()), "--host", "127.0.0.1",
            "--port", str(port), "--metrics", "-np", str(slots),
-           "-c", str(slots * SLOT_CONTEXT)]
+           "-c", str(slots * SLOT_CONTEXT), "-t", str(THREADS), "-tb", str(THREADS)]
     # the shared libraries (libllama, libggml*) lie beside the binary
     libs = f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"
     url = f"http://127.0.0.1:{port}"
     with log_path.open("w") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, env=os.environ | {"LD_LIBRARY_PATH": libs}, stdout=log,
                                 stderr=subprocess.STDOUT)
-    print(f"\nllama-server -np {slots} at {url} (log: {log_path})", flush=True)
+    print(f"\nllama-server -np {slots} -t {THREADS} at {url} (log: {log_path})", flush=True)
     try:
         end = time.monotonic() + START_TIMEOUT_S
         while not healthy(url):
