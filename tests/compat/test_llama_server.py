@@ -32,7 +32,7 @@ from polling import wait_for
 from engine import SamplingParams
 from engine.serving import ServingSide
 from server.remote import RemoteSide
-from workloads.prompts import chat, load_prompts
+from workloads.prompts import Chat, chat, load_prompts
 from workloads.race import Race
 from workloads.sides import SIDES
 
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RACES = 10
 USERS = 8
 MAX_TOKENS = 32
-IDLE_GAP_S = (4.0, 6.0)  # around llama.cpp's and httpx's 5 s keep-alive
+IDLE_GAP_S = (4.0, 6.0)  # around the 5 s after which llama-server closes an idle connection
 SEED = 0
 RACE_TIMEOUT_S = 300.0
 
@@ -63,7 +63,7 @@ class RaceFigures:
     last_done: float | None
 
 
-def race_prompts(race: int) -> list:
+def race_prompts(race: int) -> list[Chat]:
     """Eight different chats per race, different from the last race's: llama.cpp reuses
     a slot's previous prompt, so a repeated one would make its TTFT look instant."""
     others = load_prompts().others
