@@ -2,12 +2,13 @@
 #   make test         everything: lint, unit, model and browser tests (what CI runs)
 #   make test-fast    the inner loop: lint and the tests that need no model and no browser
 #   make screenshots  refresh the README's screenshots in assets/ from the browser tests
+#   make compat       the remote side against llama.cpp's own server, built once (docs/compat.md)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast screenshots lint bench chromium compiler
+.PHONY: setup run test test-fast screenshots lint bench chromium compiler compat llama-server
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -36,11 +37,21 @@ compiler:
 
 test: setup chromium compiler
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not compat"
 
 test-fast: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not model and not browser"
+	$(BIN)/python -m pytest -q -m "not model and not browser and not compat"
+
+# llama.cpp's llama-server from the llama-cpp-python sdist, cached in ~/.cache/batchlens
+# (~8 min on 2 cores the first time, then nothing)
+llama-server:
+	PY=$(BIN)/python scripts/build_llama_server.sh
+
+# outside `make test`: it builds a C++ server and runs real races for a few minutes;
+# -s so the figures each test measures are shown
+compat: setup llama-server
+	PY=$(BIN)/python $(BIN)/python -m pytest -q -s -m compat tests/compat
 
 # a plain test run writes its screenshots to a temporary folder; this one into assets/
 screenshots: setup chromium
