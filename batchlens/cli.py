@@ -5,6 +5,7 @@
     batchlens bench api [...]        the same requests over the API and in-process
     batchlens bench serve [...]      a load generator for any OpenAI-compatible server
     batchlens bench speculative [...]  speculative decoding on and off, 1 to 64 users
+    batchlens bench parallel [...]   n candidates per request against n separate requests
     batchlens sweep [...]            the load sweep: 1 to 64 users on both sides
     batchlens scenario [NAME] [...]  a scripted scenario with prefix caching on, then off
     batchlens race [...]             one race, headless: the arena page's numbers
@@ -25,7 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "the engine against transformers and the local PC on one request mix "
               "(`bench api`: over the API vs in-process; `bench serve`: load any "
               "OpenAI-compatible server; `bench speculative` (alias `spec`): speculative "
-              "decoding on and off; "
+              "decoding on and off; `bench parallel`: n candidates per request against "
+              "n separate requests; "
               "`bench --host-overhead`: the engine loop's own cost per step)"),
     "sweep": ("workloads.sweep", "the load sweep: throughput and latency from 1 to 64 users"),
     "scenario": ("workloads.scenarios",

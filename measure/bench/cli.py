@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Load the model once, run the chosen runs in turn, print and optionally save.
     `api` as the first argument runs the API vs in-process bench instead; `serve` the
     HTTP load generator against a running server; `speculative` (alias `spec`) speculative
-    decoding on and off."""
+    decoding on and off; `parallel` n candidates per request against n separate requests."""
     if argv and argv[0] == "api":
         from measure.bench import api
 
@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from measure.bench import speculative
 
         return speculative.main(argv[1:], prog=f"{prog} speculative")
+    if argv and argv[0] == "parallel":
+        from measure.bench import parallel
+
+        return parallel.main(argv[1:], prog=f"{prog} parallel")
     a = parse_args(argv, prog)
     if a.report:
         print(report_saved(a.report))
