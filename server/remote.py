@@ -281,13 +281,11 @@ class RemoteSide(ServingBase):
     def check(self, prompt: Prompt, params: SamplingParams) -> None:
         """None: only the server tokenizes, so a prompt is sent as it is. `ValueError`
         naming the field when this API cannot take the prompt, when `max_tokens` alone
-        exceeds the context `/v1/models` reported, or when `n` is not 1."""
+        exceeds the context `/v1/models` reported, or when `n` is not 1 or log-probabilities
+        are asked (`server.stream_client.request_body`)."""
         self._checked_body(prompt, params)
 
     def _checked_body(self, prompt: Prompt, params: SamplingParams) -> dict[str, Any]:
-        if params.n != 1:  # one stream per request: its choices would be mixed in one text
-            raise ValueError(f"n: a remote endpoint is sent one candidate per request, "
-                             f"got n={params.n} (allowed: 1)")
         body = self.body(prompt, params)
         if self.max_model_len is not None and params.max_tokens >= self.max_model_len:
             raise ValueError(f"max_tokens: {params.max_tokens} does not fit the remote model "

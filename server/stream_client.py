@@ -55,13 +55,22 @@ class StreamError(Exception):
 
 # ---- the request body ------------------------------------------------------------------
 def request_body(model: str, api: str, prompt: Prompt, params: SamplingParams) -> dict[str, Any]:
-    """The streaming request body for one prompt (`ValueError` naming `prompt` when this
-    API cannot take it). vLLM's extensions (`top_k`, `ignore_eos`, `min_tokens`,
-    `stop_token_ids`) are sent only when set, since strict servers refuse unknown
+    """The streaming request body for one prompt (`ValueError` naming the field when this
+    API cannot take the prompt, or `n` or log-probabilities are asked: one stream is read
+    per request, for its text only). Every sampling field that is set goes out, none is
+    dropped; vLLM's extensions (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+    `min_tokens`, `stop_token_ids`) only when set, since strict servers refuse unknown
     fields."""
     if api not in APIS:
         raise ValueError(f"api must be one of {tuple(APIS)}, got {api!r}")
     p = params
+    if p.n != 1:  # one stream per request: its choices would be mixed in one text
+        raise ValueError(f"n: a remote endpoint is sent one candidate per request, "
+                         f"got n={p.n} (allowed: 1)")
+    for name in ("logprobs", "prompt_logprobs"):
+        if getattr(p, name) is not None:
+            raise ValueError(f"{name}: a remote endpoint's streams are read for their text "
+                             f"only, not for log-probabilities")
     body: dict[str, Any] = {"model": model, "stream": True,
                             "stream_options": {"include_usage": True}}
     if api == "chat":
@@ -74,7 +83,11 @@ def request_body(model: str, api: str, prompt: Prompt, params: SamplingParams) -
     if p.stop:
         body["stop"] = list(p.stop)
     extras = {"top_k": p.top_k, "ignore_eos": p.ignore_eos, "min_tokens": p.min_tokens,
-              "stop_token_ids": list(p.stop_token_ids)}
+              "stop_token_ids": list(p.stop_token_ids), "min_p": p.min_p,
+              "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+              "logit_bias": {str(t): b for t, b in p.logit_bias.items()}}
+    if p.repetition_penalty != 1.0:
+        extras["repetition_penalty"] = p.repetition_penalty
     return body | {k: v for k, v in extras.items() if v}
 
 

@@ -63,3 +63,18 @@ def test_the_load_generator_builds_the_remote_sides_body(endpoint, prompt):
     assert sent["stream_options"] == {"include_usage": True} and sent["ignore_eos"] is True
     with pytest.raises(ValueError, match="prompt: the chat API takes text"):
         request_body("m", LoadRequest((1, 2), 9), "chat", False, 0.0)
+
+
+def test_every_sampling_field_that_is_set_goes_out_and_none_is_dropped():
+    p = SamplingParams(max_tokens=9, presence_penalty=0.5, frequency_penalty=-1.0,
+                       repetition_penalty=1.2, logit_bias={13: -100.0}, min_p=0.1)
+    sent = stream_client.request_body("m", "chat", "Hi", p)
+    assert {k: sent[k] for k in ("presence_penalty", "frequency_penalty",
+                                 "repetition_penalty", "logit_bias", "min_p")} == {
+        "presence_penalty": 0.5, "frequency_penalty": -1.0, "repetition_penalty": 1.2,
+        "logit_bias": {"13": -100.0}, "min_p": 0.1}
+    plain = stream_client.request_body("m", "chat", "Hi", SamplingParams(max_tokens=9))
+    assert not {"presence_penalty", "repetition_penalty", "logit_bias", "min_p"} & set(plain)
+    for field, value in [("n", 2), ("logprobs", 0), ("prompt_logprobs", 1)]:
+        with pytest.raises(ValueError, match=rf"^{field}: a remote endpoint"):
+            stream_client.request_body("m", "chat", "Hi", SamplingParams(**{field: value}))
