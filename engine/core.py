@@ -141,12 +141,14 @@ def copy_blocks(kv_caches: Seq[tuple[torch.Tensor, torch.Tensor]],
                 pairs: Seq[tuple[int, int]]) -> None:
     """Copy block src to block dst in every layer's K and V (copy on write). The KV
     tensors are laid out (kv_heads, num_blocks, block_size, head_dim): blocks on dim 1."""
-    src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
-    dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
+    if not kv_caches:
+        return
+    dev = kv_caches[0][0].device  # every layer's tensors live on one device
+    src = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=dev)
+    dst = torch.tensor([b for _, b in pairs], dtype=torch.long, device=dev)
     for k, v in kv_caches:
-        d, s_ = dst.to(k.device), src.to(k.device)
-        k.index_copy_(1, d, k.index_select(1, s_))
-        v.index_copy_(1, d, v.index_select(1, s_))
+        k.index_copy_(1, dst, k.index_select(1, src))
+        v.index_copy_(1, dst, v.index_select(1, src))
 
 
 @dataclass(frozen=True)
