@@ -570,6 +570,17 @@ def energy_per_token_j(layout: Layout, batch: int, context: int) -> float:
     return energy_per_step_j(layout, batch, context) / batch
 
 
+def measured_allreduce_seconds(system: str, tp: int, tokens: int,
+                               backend: str = "trtllm") -> float:
+    """One all-reduce of `tokens` × 8192 bf16 activations over `tp` GPUs as the package
+    measured it: its per-layer all-reduce op of Llama-3.1-70B's decode step (hidden 8192),
+    over the model's layers. For checking `measure.interconnect` against measurement."""
+    layout = Layout("llama-3.1-70b", system, backend, tp=tp)
+    ops = dict((name, ms) for name, ms, _e, _s in
+               _handle(layout).decode_step_per_op(tokens, 2048, 2))
+    return ops["generation_ar_1"] / 1e3 / get_model(layout.model).profile.layers
+
+
 # ---- the ideal line: our roofline plus the ring formula ------------------------------
 def _precision(layout: Layout) -> tuple[str, float]:
     return ("int8", 1.0) if layout.dtype == "fp8" else ("fp16", 2.0)
@@ -585,10 +596,9 @@ def _ideal(layout: Layout, tokens: int, logits: int, kv_tokens: int,
            efficiency: float) -> StepTime:
     s, p = get_system(layout.system), get_model(layout.model).profile
     precision, kv_bytes = _precision(layout)
-    # a token passes every stage in turn: the pipeline's time is that of its TP group
-    # holding the whole model
-    group = replace(s.roofline_profile(layout.tp, layout.dtype),
-                    memory_gb=layout.gpus * s.memory_bytes / GIB)
+    # A token passes every stage in turn: the pipeline's time is that of its TP group
+    # holding the whole model. Nothing is offloaded: whether it fits is `check`'s answer.
+    group = replace(s.roofline_profile(layout.tp, layout.dtype), memory_gb=math.inf)
     cost = step_cost(p, precision, group, tokens, logits, kv_tokens, kv_bytes, efficiency)
     kv_s = kv_tokens * 2 * p.layers * p.num_kv_heads * p.head_dim * kv_bytes / (
         group.bandwidth_gbs * GB)
