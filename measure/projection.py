@@ -225,8 +225,9 @@ class Layout:
     """One replica: a model on `tp × pp` GPUs of one system, served by one engine.
 
     `link` is None for the system's own interconnect (measured); a `measure.interconnect`
-    key puts the tensor-parallel all-reduces on that link instead (modelled by the ring
-    formula, the rest of the step still measured)."""
+    key puts the step's communication on that link instead: as the package measured it on
+    the system that uses that link (`MEASURED_ON`), else by the ring formula. The rest of
+    the step stays as measured on `system`."""
 
     model: str
     system: str
@@ -493,15 +494,33 @@ def _split(ops: list[tuple[str, float, float, str]], source: str) -> StepTime:
                     parts["other"], source)
 
 
-def _relink(step: StepTime, layout: Layout, tokens: int) -> StepTime:
-    """The step with its tensor-parallel all-reduces moved onto `layout.link` (the ring
-    formula), pipeline hops as measured."""
+# Where the package measured all-reduces over each link: the system whose GPUs use it.
+MEASURED_ON = {"nvlink3": "a100_sxm", "nvlink4": "h100_sxm", "nvlink5": "b200_sxm",
+               "pcie4": "l40s", "pcie5": "rtx_pro_6000_server"}
+
+
+def link_twin(layout: Layout) -> Layout | None:
+    """The same layout on the system whose measured all-reduces run over `layout.link`
+    (None: the package measured none there, or the twin cannot run this dtype)."""
+    if layout.link not in MEASURED_ON:
+        return None
+    twin = Layout(layout.model, MEASURED_ON[layout.link], layout.backend, layout.tp,
+                  layout.pp, layout.dtype)
+    return None if _structural(twin) or not twin.measured else twin
+
+
+def _relink(step: StepTime, layout: Layout, tokens: int, twin: StepTime | None) -> StepTime:
+    """The step with its communication moved onto `layout.link`: as the package measured
+    it on that link's system (`twin`), else by the ring formula and pipeline hops."""
     if layout.link is None:
         return step
-    p = get_model(layout.model).profile
-    comm = interconnect.tensor_parallel_seconds(tokens, p.hidden_size, p.layers, layout.tp,
-                                                layout.link)
-    comm += _pp_seconds(layout, tokens)
+    if twin is not None:
+        comm = twin.communication_s
+    else:
+        p = get_model(layout.model).profile
+        comm = interconnect.tensor_parallel_seconds(tokens, p.hidden_size, p.layers,
+                                                    layout.tp, layout.link)
+        comm += _pp_seconds(layout, tokens)
     return replace(step, seconds=step.seconds - step.communication_s + comm,
                    communication_s=comm)
 
@@ -522,7 +541,9 @@ def decode_step(layout: Layout, batch: int, context: int) -> StepTime:
         return ideal_decode_step(layout, batch, context)
     b = _micro_batch(layout, batch)
     ops = _handle(_base(layout)).decode_step_per_op(b, max(context, 1), 2)
-    return _relink(_split(ops, "measured"), layout, b)
+    twin = link_twin(layout)
+    return _relink(_split(ops, "measured"), layout, b,
+                   decode_step(twin, batch, context) if twin else None)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -546,7 +567,9 @@ def prefill(layout: Layout, tokens: int, prompts: int = 1) -> StepTime:
         return ideal_prefill(layout, tokens)
     ctx, _gen = _handle(_base(layout)).run_static_per_op(
         batch_size=prompts, isl=tokens // prompts, osl=1)
-    return _relink(_split(ctx, "measured"), layout, tokens)
+    twin = link_twin(layout)
+    return _relink(_split(ctx, "measured"), layout, tokens,
+                   prefill(twin, tokens, prompts) if twin else None)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -632,9 +655,15 @@ def source_note(layout: Layout) -> str:
         return (f"{m.name} is not in aiconfigurator-core's bundled models: every number "
                 "here is our roofline (datasheet bandwidth and FLOPs, ring all-reduces), "
                 "a ceiling real engines reach a fraction of.")
-    via = ("" if layout.link is None else
-           f"; the all-reduces are moved onto {interconnect.LINKS[layout.link].name} by the "
-           "ring formula")
+    twin = link_twin(layout)
+    if layout.link is None:
+        via = ""
+    elif twin is not None:
+        via = (f"; its communication as measured on {get_system(twin.system).name} GPUs, "
+               f"which talk over {interconnect.LINKS[layout.link].name}")
+    else:
+        via = (f"; its communication moved onto {interconnect.LINKS[layout.link].name} by "
+               "the ring formula (no measured data there)")
     return (f"Measured kernels: aiconfigurator-core's {BACKENDS[layout.backend]} "
             f"{_backend_version(layout.system, layout.backend)} data for "
             f"{get_system(layout.system).name}{via}.")

@@ -55,15 +55,35 @@ def test_pipeline_parallel_keeps_pp_micro_batches_in_flight() -> None:
     assert P.decode_step(layout, 8, 2048).communication_s > 0  # all-reduces and the hop
 
 
-def test_a_slower_link_replaces_only_the_all_reduces() -> None:
+def test_a_slower_link_takes_its_measured_all_reduces() -> None:
+    """The same 8 GPUs over PCIe 5: communication as measured on 8 RTX PRO 6000 servers'
+    GPUs (PCIe 5), everything else as measured on H100."""
     pcie = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=8, link="pcie5")
+    twin = P.link_twin(pcie)
+    assert twin == P.Layout("llama-3.1-70b", "rtx_pro_6000_server", "trtllm", tp=8)
     native, moved = P.decode_step(L70, 64, 2048), P.decode_step(pcie, 64, 2048)
-    formula = interconnect.tensor_parallel_seconds(64, 8192, 80, 8, "pcie5")
-    assert moved.communication_s == pytest.approx(formula)
+    assert moved.communication_s == P.decode_step(twin, 64, 2048).communication_s
     assert moved.gemm_s == native.gemm_s and moved.attention_s == native.attention_s
-    assert moved.seconds == pytest.approx(native.seconds - native.communication_s + formula)
+    assert moved.seconds == pytest.approx(native.seconds - native.communication_s
+                                          + moved.communication_s)
+    assert moved.communication_s > 3 * native.communication_s
     assert P.decode_step_seconds(pcie, 64, 2048) == pytest.approx(moved.seconds)
     assert P.prefill_seconds(pcie, 2048) > P.prefill_seconds(L70, 2048)
+    assert "RTX PRO 6000" in P.source_note(pcie)
+
+
+def test_a_link_without_measured_data_takes_the_ring_formula() -> None:
+    """Tensor parallel over InfiniBand between nodes: no measured all-reduces there."""
+    ib = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=8, link="ib_ndr")
+    assert P.link_twin(ib) is None
+    native, moved = P.decode_step(L70, 64, 2048), P.decode_step(ib, 64, 2048)
+    formula = interconnect.tensor_parallel_seconds(64, 8192, 80, 8, "ib_ndr")
+    assert moved.communication_s == pytest.approx(formula)
+    assert moved.seconds == pytest.approx(native.seconds - native.communication_s + formula)
+    assert "ring formula" in P.source_note(ib)
+    # fp8 has no twin on A100 (no fp8 tensor cores): the formula answers there too
+    fp8 = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=8, dtype="fp8", link="nvlink3")
+    assert P.link_twin(fp8) is None
 
 
 def test_memory_per_gpu() -> None:
