@@ -664,9 +664,10 @@ def source_note(layout: Layout) -> str:
     else:
         via = (f"; its communication moved onto {interconnect.LINKS[layout.link].name} by "
                "the ring formula (no measured data there)")
+    s = get_system(layout.system)
     return (f"Measured kernels: aiconfigurator-core's {BACKENDS[layout.backend]} "
-            f"{_backend_version(layout.system, layout.backend)} data for "
-            f"{get_system(layout.system).name}{via}.")
+            f"{_backend_version(layout.system, layout.backend)} data for {s.name}, whose GPUs "
+            f"talk over {interconnect.LINKS[s.link].name}{via}.")
 
 
 def local_profiles() -> list[HardwareProfile]:
