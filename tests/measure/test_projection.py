@@ -33,7 +33,11 @@ def test_wrapper_gives_the_package_s_own_numbers() -> None:
     layout = P.Layout("qwen3-32b", "b200_sxm", "vllm", tp=2, dtype="fp8")
     for batch in (1, 7, 100):
         assert P.decode_step_seconds(layout, batch, 900) == pytest.approx(
-            h.predict_decode_latency(batch, 900) / 1e3, rel=1e-9)
+            h.decode_step_latency(batch, 900, 2) / 1e3, rel=1e-9)
+        assert P.decode_step_seconds(layout, batch, 900) == pytest.approx(
+            h.predict_decode_latency(batch, 900) / 1e3, rel=1e-3)  # its other entry point
+        assert P.decode_step_seconds(layout, batch, 900) == pytest.approx(
+            P.decode_step(layout, batch, 900).seconds, rel=1e-12)
     assert P.prefill_seconds(layout, 3000) == pytest.approx(
         h.predict_prefill_latency(1, 3000) / 1e3, rel=1e-9)
     # the breakdown sums to the step the package reports with its per-op values
@@ -49,9 +53,9 @@ def test_pipeline_parallel_keeps_pp_micro_batches_in_flight() -> None:
                              tp_size=4, pp_size=2)
     # batch 8 -> two micro-batches of 4, each one pass through both stages
     assert P.decode_step_seconds(layout, 8, 2048) == pytest.approx(
-        h.predict_decode_latency(4, 2048) / 1e3)
+        h.decode_step_latency(4, 2048, 2) / 1e3)
     assert P.decode_step_seconds(layout, 1, 2048) == pytest.approx(
-        h.predict_decode_latency(1, 2048) / 1e3)  # one sequence cannot be split
+        h.decode_step_latency(1, 2048, 2) / 1e3)  # one sequence cannot be split
     assert P.decode_step(layout, 8, 2048).communication_s > 0  # all-reduces and the hop
 
 
