@@ -290,6 +290,14 @@ def links(choice: Choice) -> None:
             f"All-reduces per prefill (ms, {choice.prompt:,} tokens)", format="%.1f"),
         "pp_hop_us": st.column_config.NumberColumn("One pipeline hop (µs)", format="%.1f"),
         "source": "Source"})
+    if layout.pp > 1:
+        bubbles = ", ".join(f"{m} micro-batch{'es' * (m > 1)}: "
+                            f"{interconnect.pipeline_bubble(layout.pp, m):.0%}"
+                            for m in (1, layout.pp, 4 * layout.pp))
+        st.caption(f"PP={layout.pp}: a prefill split into m micro-batches leaves the stages "
+                   f"idle (p−1)/(m+p−1) of the time — {bubbles}. Decode keeps {layout.pp} "
+                   f"micro-batches in flight, so a batch of at least {layout.pp} has no "
+                   "bubble; one sequence leaves all but one stage idle.")
     s = P.get_system(layout.system)
     nodes = f"{layout.nodes} nodes of {s.gpus_per_node}" if layout.nodes > 1 else "one node"
     st.caption(f"This layout spans {nodes}; between nodes its pipeline hops go over "

@@ -93,6 +93,15 @@ def test_a_slower_link_and_a_roofline_model_say_where_numbers_come_from() -> Non
     assert "not in aiconfigurator-core's bundled models" in captions
 
 
+def test_pipeline_parallel_shows_its_bubble() -> None:
+    at = page(dc_tp=4, dc_pp=2)
+    captions = " ".join(c.value for c in at.caption)
+    assert "1 micro-batch: 50%" in captions and "8 micro-batches: 11%" in captions
+    assert "2 nodes" not in captions and "one node" in captions
+    at = pick(at, dc_tp=8, dc_pp=2)  # 16 GPUs: two nodes of 8, hops over InfiniBand
+    assert "2 nodes of 8" in " ".join(c.value for c in at.caption)
+
+
 def test_the_capacity_preset_restores_the_seed_example() -> None:
     at = page(dc_active=50, dc_connected=300)
     assert "1,000 tokens/s needed" in " ".join(m.value for m in at.markdown)
