@@ -9,7 +9,7 @@ import math
 import pytest
 from aiconfigurator_core.sdk import EngineHandle
 
-from measure import hardware, interconnect
+from measure import dc_catalogue, hardware, interconnect
 from measure import projection as P
 
 L70 = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=8)
@@ -149,7 +149,7 @@ def test_a_model_the_package_lacks_falls_back_to_the_roofline() -> None:
 
 def test_an_unbundled_name_never_reaches_the_package() -> None:
     with pytest.raises(ValueError, match="not bundled"):
-        P._bundled_config("someone/not-a-bundled-model")
+        dc_catalogue.bundled_config("someone/not-a-bundled-model")
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64, 256])
