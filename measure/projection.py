@@ -170,6 +170,28 @@ def _structural(layout: Layout) -> str:
     if m.profile.layers % layout.pp:
         return (f"{m.name}'s {m.profile.layers} layers do not split into {layout.pp} equal "
                 f"pipeline stages.")
+    return _missing_data(_base(layout)) if m.measured else ""
+
+
+@functools.cache
+def _missing_data(layout: Layout) -> str:
+    """Why the package cannot answer for this layout ("" if it can): it has no measured
+    kernels for some op (e.g. SGLang's fp8-KV context attention on Hopper). Probed once per
+    layout with one decode step and one prefill."""
+    from aiconfigurator_core.sdk.errors import (
+        InterpolationDataNotAvailableError,
+        PerfDataNotAvailableError,
+    )
+
+    handle = _handle(_base(layout))
+    try:
+        handle.decode_step_per_op(1, 1024, 2)
+        handle.run_static_per_op(batch_size=1, isl=1024, osl=1)
+    except (PerfDataNotAvailableError, InterpolationDataNotAvailableError) as e:
+        what = str(e).removeprefix("perf database error: ").split(" for ")[0]
+        return (f"aiconfigurator-core has no measured data for {BACKENDS[layout.backend]} "
+                f"{layout.dtype} on {get_system(layout.system).name} ({what}): pick "
+                "another engine or dtype.")
     return ""
 
 

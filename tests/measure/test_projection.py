@@ -122,6 +122,8 @@ def test_70b_needs_two_h100s() -> None:
     (P.Layout("smollm2-135m", "h100_sxm", tp=2), "9 attention heads do not split"),
     (P.Layout("llama-3.1-405b", "h100_sxm", tp=8, pp=4), "126 layers do not split"),
     (P.Layout("llama-3.1-70b", "a100_sxm", tp=8, dtype="fp8"), "no fp8 tensor cores"),
+    (P.Layout("llama-3.1-8b", "h100_sxm", "sglang", tp=8, dtype="fp8"),
+     "aiconfigurator-core has no measured data for SGLang fp8"),
 ])
 def test_impossible_layouts_say_why_in_one_line(layout: P.Layout, words: str) -> None:
     verdict = P.check(layout)
@@ -181,3 +183,20 @@ def test_bad_layouts_name_the_field() -> None:
         P.Layout("llama-3.1-8b", "tpu_v5")
     with pytest.raises(ValueError, match="batch"):
         P.decode_step_seconds(L70, 0, 10)
+
+
+@pytest.mark.parametrize("system", list(P.systems()))
+def test_every_engine_and_dtype_answers_or_says_why(system: str) -> None:
+    """No combination the page offers reaches the package's own errors: either it answers,
+    or `check` gives a one-line reason (fp8 without fp8 tensor cores, an op the package
+    has no measured data for)."""
+    for backend in P.BACKENDS:
+        for dtype in P.DTYPES:
+            layout = P.Layout("llama-3.1-8b", system, backend, tp=2, dtype=dtype)
+            verdict = P.check(layout, 2048, 1)
+            if not verdict.ok:
+                assert verdict.reason and "\n" not in verdict.reason
+                continue
+            assert P.decode_step(layout, 16, 2048).seconds > 0
+            assert P.prefill(layout, 2048).seconds > 0
+            assert P.decode_step_seconds(layout, 300, 4000) > 0
