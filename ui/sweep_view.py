@@ -25,7 +25,7 @@ from engine.local import LocalPC
 from measure.hardware import aggregate_tokens_per_s
 from measure.roofline import Roofline, model_profile_key, roofline, user_grid
 from server.remote import RemoteSide
-from ui import endpoints, hosting, inputs, method, server_charts, shared
+from ui import clicker, endpoints, hosting, inputs, method, presenter, server_charts, shared
 from ui import sweep_charts as charts
 from ui.hardware_view import fmt_number, fmt_seconds, this_machine
 from ui.job_slot import HEARTBEAT_S, SLOW_REFRESH_S, JobSlot
@@ -65,8 +65,35 @@ def intro() -> None:
 
 # ---- controls ------------------------------------------------------------------------
 def controls() -> None:
-    """Load, max tokens, prompts, Run and Stop; disabled while a sweep runs."""
-    ss, running = st.session_state, SLOT.inputs_disabled()
+    """Load, max tokens, prompts, Run and Stop; disabled while a sweep runs. In presenter
+    mode the settings fold into a closed expander, so the charts are on the first screen,
+    and the clicker's next key runs the sweep."""
+    running = SLOT.inputs_disabled()
+    if presenter.is_on():
+        with st.expander("Sweep settings"):
+            _settings(running)
+        st.caption("Clicker: PageDown or → runs the sweep as set.")
+        if (clicker.pick(("sweep",), "sweep" if SLOT.job else None, clicker.step())
+                and not running and _plan()[0] is not None):
+            _on_run()
+            st.rerun()
+    else:
+        _settings(running)
+    plan, error = _plan()
+    hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
+                        run_label="Run sweep", run_disabled=plan is None)
+    if plan is not None:
+        hint.caption(f"{count(plan.num_requests, 'request')} per side, "
+                     f"{count(plan.max_tokens, 'token')} each; at each load the datacenter "
+                     "runs first, then the local PC: never both at once.")
+    else:
+        hint.caption(error)
+    SLOT.show_error()
+
+
+def _settings(running: bool) -> None:
+    """The sweep's settings: load, max tokens, prompts, endpoints."""
+    ss = st.session_state
     ss.setdefault("sweep_prompt", next(iter(load_prompts().presets.values())))
     left, right = st.columns([3, 2], gap="large")
     with left:
@@ -90,16 +117,6 @@ def controls() -> None:
         if one:
             st.text_area("Prompt", key="sweep_prompt", height=90, disabled=running)
         endpoints.pickers("sweep", running)
-    plan, error = _plan()
-    hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
-                        run_label="Run sweep", run_disabled=plan is None)
-    if plan is not None:
-        hint.caption(f"{count(plan.num_requests, 'request')} per side, "
-                     f"{count(plan.max_tokens, 'token')} each; at each load the datacenter "
-                     "runs first, then the local PC: never both at once.")
-    else:
-        hint.caption(error)
-    SLOT.show_error()
 
 
 def _plan() -> tuple[SweepPlan | None, str]:
