@@ -52,8 +52,12 @@ def chart_templates() -> dict[str, dict]:
     return templates
 
 
-def draw(name: str, df: pd.DataFrame) -> None:
-    st.vega_lite_chart(df, copy.deepcopy(chart_templates()[name]), width="stretch")
+PRESENTER_MAP_PX = 270  # a block map's height in presenter mode: on the first screen
+
+
+def draw(name: str, df: pd.DataFrame, height: int | str = "content") -> None:
+    st.vega_lite_chart(df, copy.deepcopy(chart_templates()[name]), width="stretch",
+                       height=height)
 
 
 def _count(n: int, noun: str) -> str:
@@ -207,7 +211,8 @@ def block_map(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
                    f"{kv.used_blocks:,} used · {kv.cached_blocks:,} cached · "
                    f"{kv.free_blocks:,} free")
     columns = kv_frames.map_columns(kv.num_blocks)
-    draw(f"block_map-{columns}", kv_frames.block_map_frame(blocks))
+    draw(f"block_map-{columns}", kv_frames.block_map_frame(blocks),
+         presenter.figure_height(PRESENTER_MAP_PX))
 
 
 def contiguous_layout(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
@@ -231,7 +236,8 @@ def contiguous_layout(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
     with st.container(key="kv-contiguous-caption"):
         st.caption(text)
     columns = kv_frames.map_columns(kv.num_blocks)
-    draw(f"contiguous-{columns}", kv_frames.contiguous_frame(res, kv.num_blocks))
+    draw(f"contiguous-{columns}", kv_frames.contiguous_frame(res, kv.num_blocks),
+         presenter.figure_height(PRESENTER_MAP_PX))
 
 
 # ---- the last scenario ---------------------------------------------------------------

@@ -97,6 +97,12 @@ def _follow_url() -> None:
         st.query_params.pop(QUERY, None)
 
 
+def figure_height(px: int) -> int | str:
+    """A chart's height: `px` in presenter mode (so the page's main figure fits the first
+    screen of a 1280x720 projector), else the chart's own ("content")."""
+    return px if is_on() else "content"
+
+
 def apply_style() -> None:
     """Enlarge text and metrics (call on every run while the mode is on)."""
     st.html(CSS)

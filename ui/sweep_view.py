@@ -55,6 +55,7 @@ MODES = {"users": "Concurrent users (all send at once)",
 PROMPTS = ("Varied short prompts", "One prompt for everyone")
 UNITS = {"users": "users", "rate_rps": "requests/s"}
 MAX_TOKENS = 256  # per request, the page's range (the admin's caps may be lower)
+PRESENTER_CHART_PX = 240  # the four charts' height in presenter mode: a row on one screen
 
 
 def intro() -> None:
@@ -311,7 +312,8 @@ def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.Data
     ]
     cells = [cell for _ in range(2) for cell in st.columns(2, gap="large")]
     for i, (cell, build) in enumerate(zip(cells, builders, strict=True)):
-        cell.vega_lite_chart(spec=_vega_cached((*key, i), build), width="stretch")
+        cell.vega_lite_chart(spec=_vega_cached((*key, i), build), width="stretch",
+                             height=presenter.figure_height(PRESENTER_CHART_PX))
     if roof is not None:
         st.caption(f"Dashed grey: the roofline ceiling of this machine from measure/hardware.py "
                    f"(decode only, SmolLM2-135M profile): {roof.note} Per user, the measured "
