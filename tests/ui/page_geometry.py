@@ -67,16 +67,18 @@ class Box:
 
 @dataclass(frozen=True)
 class PresenterView:
-    """One page's presenter view: open `path` with `?presenter=1`, press the scenario
-    button named `scenario` (None: the page has none), wait for `started` (a CSS selector
-    that appears once the scenario has begun), then every selector in `above_fold` must lie
+    """One page's presenter view: open the dashboard with `?presenter=1`, follow the
+    navigation link `link` (as a presenter moves between pages), press the button named
+    `scenario` (None: the page has none), wait for `started` (a Playwright selector that
+    matches once the scenario has begun), then every CSS selector in `above_fold` must lie
     inside the viewport and no metric value may overflow its box."""
 
     name: str
-    path: str
+    link: str
     scenario: str | None
     started: str
     above_fold: tuple[str, ...]
+    stop: str | None = None  # the button that ends the scenario, once measured
 
 
 def viewport(page) -> tuple[int, int]:
