@@ -1,6 +1,7 @@
 """Where presenter mode puts things on a projector's screen: start the dashboard, open each
 page with `?presenter=1` in Chromium at 1280x720 and 1920x1080, start its scenario, and
-print where the figures start (y px) and which metric values overflow their boxes.
+print where the figures start (y px from the top of the page, scrolling included) and
+which metric values overflow their boxes.
 
     PYTHONPATH=. python scripts/presenter_layout.py [--sizes 1280x720,1920x1080] [--end]
 
@@ -19,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "ui"), str(ROOT / "tests")]
 
 from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from page_geometry import boxes, metric_values, overflows  # noqa: E402
+from page_geometry import boxes, metric_values, overflows, scrolled  # noqa: E402
 from test_browser import RACE_TIMEOUT_MS, streamlit_server  # noqa: E402
 
 # (page, its link in the navigation, scenario button or None, what appears once it has
-# begun, figures to place). Pages are opened from the navigation, as a presenter moves:
-# a page's own URL opened first in a session can run it without dashboard.py (see
-# docs/benchmarks.md).
+# begun, figures to place). Pages are opened from the navigation, as a presenter moves
+# (and a page's own URL, opened before any session has run dashboard.py, runs that page
+# alone: see docs/benchmarks.md).
 VIEWS = (
     ("arena", "Arena", "32 users", ".st-key-side-local",
      {"local panel": ".st-key-side-local", "datacenter panel": ".st-key-side-datacenter",
@@ -50,8 +51,8 @@ BEGUN_JS = """() => [...document.querySelectorAll('[class*="st-key-side-"]')].so
 
 
 def report(page, label: str, places: dict[str, str], shots: Path | None = None) -> None:
-    found = boxes(page, places)
-    where = ", ".join(f"{name} y={box.top:.0f}" if box else f"{name} not shown"
+    found, down = boxes(page, places), scrolled(page)
+    where = ", ".join(f"{name} y={box.top + down:.0f}" if box else f"{name} not shown"
                       for name, box in found.items())
     values = metric_values(page)
     bad = [why for m in values if (why := overflows(m))]

@@ -51,6 +51,14 @@ BOXES_JS = """
 }))
 """
 
+# How far the page is scrolled: Streamlit scrolls a container inside the page, so every
+# scrolled ancestor of the main block counts, not only the window.
+SCROLL_JS = """
+() => { let el = document.querySelector('[data-testid="stMainBlockContainer"]'), y = 0;
+  for (; el; el = el.parentElement) y += el.scrollTop || 0;
+  return y + (window.scrollY || 0); }
+"""
+
 SLACK_PX = 1.0  # sub-pixel rounding of text boxes
 
 
@@ -79,6 +87,11 @@ class PresenterView:
     started: str
     above_fold: tuple[str, ...]
     stop: str | None = None  # the button that ends the scenario, once measured
+
+
+def scrolled(page) -> float:
+    """How far the page is scrolled down, in CSS pixels (0: its first screen)."""
+    return float(page.evaluate(SCROLL_JS))
 
 
 def viewport(page) -> tuple[int, int]:
@@ -130,8 +143,11 @@ def overflowing_metrics(page) -> list[str]:
 
 
 def misfits(page, selectors: list[str] | tuple[str, ...]) -> list[str]:
-    """What is off screen among `selectors`, and every metric value that overflows."""
-    return outside_viewport(page, selectors) + overflowing_metrics(page)
+    """What is off the first screen among `selectors` (the page scrolled counts: the
+    audience must see it without scrolling), and every metric value that overflows."""
+    down = scrolled(page)
+    moved = [f"the page is scrolled down {down:.0f} px"] if down > SLACK_PX else []
+    return moved + outside_viewport(page, selectors) + overflowing_metrics(page)
 
 
 def assert_fits(page, selectors: list[str] | tuple[str, ...]) -> None:
