@@ -59,7 +59,7 @@ screenshots: setup chromium
 	BATCHLENS_SCREENSHOTS=assets $(BIN)/python -m pytest -q -m browser -k screenshot \
 		tests/ui/test_browser.py
 	BATCHLENS_SCREENSHOTS=assets $(BIN)/python -m pytest -q -m browser \
-		-k "fits_the_screen and 1280x720" tests/ui/test_browser_presenter.py
+		-k "(fits_the_screen and 1280x720) or ended_race" tests/ui/test_browser_presenter.py
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -54,7 +54,7 @@ BATCHES = [2**k for k in range(11)]  # 1 .. 1024
 BATCH_GRID = sorted({round(b) for b in np.geomspace(BATCHES[0], BATCHES[-1], 61)})
 THIS_MACHINE = "this_machine:"  # option prefix; the device ("cpu" | "cuda") follows
 CALIBRATE_S = 2.0
-PRESENTER_FIT_PX = 170  # the fit chart's height in presenter mode: on the first screen
+PRESENTER_FIT_PX = 150  # the fit chart's height in presenter mode: on the first screen
 PREFILL_EFFICIENCY = inspect.signature(prefill_seconds).parameters["efficiency"].default
 
 
