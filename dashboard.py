@@ -1,7 +1,8 @@
 """batchlens: the dashboard script (app.py serves it). Navigation over pages/, and the
 shared chrome: page config, the one-line claim, the shared engine (loaded once), its
 sidebar settings (hidden in presenter mode; the admin's on a shared instance, see
-ui/hosting.py), the presenter-mode switch and the status strip."""
+ui/hosting.py), the presenter-mode switch and the status strip (in presenter mode, one plain
+header line instead of the title)."""
 
 from __future__ import annotations
 
@@ -36,15 +37,19 @@ def page_list() -> list[st.Page]:
 
 
 hosting.protect_errors()  # first: a shared instance never shows a traceback
-st.set_page_config(page_title="batchlens", page_icon=":material/speed:", layout="wide")
-page = st.navigation(page_list())
-st.title("A local PC serves one user at a time; a datacenter batches everyone.")
+# A presenter's screen is the page: the sidebar starts collapsed and the pages are linked
+# from the top bar instead.
+wanted = presenter.wanted()
+st.set_page_config(page_title="batchlens", page_icon=":material/speed:", layout="wide",
+                   initial_sidebar_state="collapsed" if wanted else "auto")
+page = st.navigation(page_list(), position="top" if wanted else "sidebar")
 holder = shared.shared_engine()
 presenting = presenter.sync_from_url()  # before the toggle widget: it may set its state
 presenter.toggle()
 if presenting:
-    presenter.apply_style()  # big text; the engine settings stay hidden
+    presenter.apply_style()  # sized for a projector; the engine settings stay hidden
 else:
+    st.title("A local PC serves one user at a time; a datacenter batches everyone.")
     settings.engine_settings(holder)
 status.status_strip()
 page.run()

@@ -16,7 +16,7 @@ from engine import SamplingParams
 from engine.local import LocalPC
 from measure.hardware import Emulation
 from server.remote import RemoteSide
-from ui import charts, endpoints, frames, hosting, inputs, method, server_charts, shared
+from ui import charts, endpoints, frames, hosting, inputs, method, presenter, server_charts, shared
 from ui.job_slot import JobSlot
 from ui.palette import SIDE_NAMES
 from workloads import scenarios, speculative
@@ -32,6 +32,7 @@ OTHERS = ("varied prompts", "the same prompt")
 KEY_SCENARIO = "arena_scenario"  # the scripted scenario last started, if any
 MAX_USERS, MAX_TOKENS = 64, 1024  # the page's ranges (the admin's caps may be lower)
 ENDED = ("stopped", "abandoned")
+PRESENTER_ANSWER_PX = 110  # the answer's box in presenter mode: both panels on one screen
 NO_PACE = "this machine's real speed"
 # Projections the local side can be paced to: (hardware, model, precision) in measure/hardware.py
 EMULATIONS: dict[str, tuple[str, str, str] | None] = {
@@ -69,9 +70,13 @@ def intro() -> None:
 
 # ---- controls ----------------------------------------------------------------------
 def controls() -> None:
-    """Prompt, users, max tokens, temperature, Run and Stop; disabled while a race runs."""
+    """Prompt, users, max tokens, temperature, Run and Stop; disabled while a race runs.
+    Hidden in presenter mode: the scenario bar starts and stops its races."""
     ss, presets = st.session_state, load_prompts()
     running = SLOT.inputs_disabled()
+    if presenter.is_on():
+        SLOT.show_error()
+        return
     ss.setdefault("arena_prompt", next(iter(presets.presets.values())))
     left, right = st.columns([3, 2], gap="large")
     with left:
@@ -210,6 +215,8 @@ def _live_view(race: Race | None) -> None:
         snap = EMPTY
     else:
         snap = race.snapshot()
+    if snap.finished and presenter.is_on():
+        ratio_line(snap)  # above both panels: the race's outcome in one sentence
     local_col, dc_col = st.columns(2, gap="large")
     note = race.local.stats(steps_after=None).emulated if race is not None else None
     with local_col:
@@ -250,18 +257,51 @@ def side_panel(view: SideView, snap: RaceSnapshot, note: str | None = None) -> N
         st.subheader(TITLES[view.side])
         if note:
             st.markdown(f":orange-badge[{note}]")
-        st.caption(_side_state(view, snap))
-        a, b, c = st.columns(3)
-        a.metric("Your TTFT", f"{_num(view.your_ttft, '.2f')} s")
-        b.metric("Your tokens/s", _num(view.your_tokens_per_s, ".1f"))
-        c.metric("Total tokens/s", _num(view.total_tokens_per_s, ".1f"))
-        d, e, f = st.columns(3)
-        d.metric("Users finished", f"{view.users_finished}/{view.num_users}")
-        e.metric("Elapsed", f"{view.elapsed:.1f} s")
-        f.metric("Users ahead of you", _place(view))
+        if presenter.is_on():
+            presenter_figures(view, snap)
+        else:
+            st.caption(_side_state(view, snap))
+            a, b, c = st.columns(3)
+            a.metric("Your TTFT", f"{_num(view.your_ttft, '.2f')} s")
+            b.metric("Your tokens/s", _num(view.your_tokens_per_s, ".1f"))
+            c.metric("Total tokens/s", _num(view.total_tokens_per_s, ".1f"))
+            d, e, f = st.columns(3)
+            d.metric("Users finished", f"{view.users_finished}/{view.num_users}")
+            e.metric("Elapsed", f"{view.elapsed:.1f} s")
+            f.metric("Users ahead of you", _place(view))
         if view.acceptance_rate is not None:
             st.caption(speculation_line(view))
-        st.code(view.your_text or " ", language=None, wrap_lines=True, height=180)
+        st.code(view.your_text or " ", language=None, wrap_lines=True,
+                height=PRESENTER_ANSWER_PX if presenter.is_on() else 180)
+
+
+def presenter_figures(view: SideView, snap: RaceSnapshot) -> None:
+    """Presenter mode: the headline (total tokens/s, and when the last user had an answer)
+    large, the other figures smaller beneath, with short labels that fit at 1280 px."""
+    with st.container(key=f"headline-{view.side}"):
+        big, words = st.columns([2, 3], vertical_alignment="center")
+        big.metric("Total tokens/s", "—" if view.total_tokens_per_s is None
+                   else _rate(view.total_tokens_per_s))
+        words.markdown(headline_sentence(view, snap))
+    a, b, c, d, e = st.columns(5, gap="small")
+    a.metric("Your TTFT", f"{_num(view.your_ttft, '.2f')} s")
+    b.metric("Your tok/s", _num(view.your_tokens_per_s, ".1f"))
+    c.metric("Finished", f"{view.users_finished}/{view.num_users}")
+    d.metric("Elapsed", f"{view.elapsed:.1f} s")
+    e.metric("Ahead of you", _place(view))
+
+
+def headline_sentence(view: SideView, snap: RaceSnapshot) -> str:
+    """When this side's users had their answers, in words: "The last of 32 users had an
+    answer after 9.0 s." once done, how many have one so far while running."""
+    n = view.num_users
+    if view.finished and view.users_finished == n and snap.phase not in ENDED:
+        who = "The one user" if n == 1 else f"The last of {count(n, 'user')}"
+        return f"{who} had an answer after **{view.elapsed:.1f} s**."
+    if view.started and not view.finished and snap.phase not in ENDED:
+        return (f"{view.users_finished} of {count(n, 'user')} had an answer after "
+                f"**{view.elapsed:.1f} s**...")
+    return _side_state(view, snap)
 
 
 def speculation_line(view: SideView) -> str:
@@ -303,7 +343,7 @@ def results(snap: RaceSnapshot) -> None:
         st.error(f"The race ended with an error: {snap.error}")
     elif snap.phase in ENDED:
         st.warning(stopped_sentence(snap))
-    elif snap.ratio is not None:
+    elif snap.ratio is not None and not presenter.is_on():  # presenter mode: above the panels
         with st.container(key="summary"):
             st.success(summary_sentence(snap))
     df = frames.rows_frame(snap)
@@ -330,6 +370,25 @@ def summary_sentence(snap: RaceSnapshot) -> str:
     return (f"With {users}, the datacenter engine generated {_rate(dc.total_tokens_per_s)} "
             f"tokens/s in total, {snap.ratio:.1f}x the local PC's "
             f"{_rate(loc.total_tokens_per_s)} tokens/s serving one user at a time.")
+
+
+def ratio_line(snap: RaceSnapshot) -> None:
+    """Presenter mode, once a race has ended: its outcome above both panels."""
+    if snap.ratio is None or snap.error or snap.phase in ENDED:
+        return  # the reason shows under the charts (results)
+    with st.container(key="summary"):
+        st.success(ratio_sentence(snap))
+
+
+def ratio_sentence(snap: RaceSnapshot) -> str:
+    """The race in one short sentence: "The datacenter served 32 users 8.6x faster than
+    the local PC (139 against 16 tokens/s in total)."."""
+    dc, loc = snap.sides["datacenter"], snap.sides["local"]
+    how = (f"{snap.ratio:.1f}x faster than" if snap.ratio >= 1
+           else f"at {snap.ratio:.1f}x the speed of")
+    return (f"The datacenter served {count(dc.num_users, 'user')} {how} the local PC "
+            f"({_rate(dc.total_tokens_per_s)} against {_rate(loc.total_tokens_per_s)} "
+            "tokens/s in total).")
 
 
 def _rate(tokens_per_s: float) -> str:

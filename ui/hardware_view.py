@@ -43,6 +43,7 @@ from measure.hardware import (
     response_seconds,
     this_machine_profile,
 )
+from ui import presenter
 from ui.hardware_charts import PARTS, SERIES, decode_chart, fit_chart
 from ui.palette import LOCAL
 
@@ -54,6 +55,7 @@ BATCHES = [2**k for k in range(11)]  # 1 .. 1024
 BATCH_GRID = sorted({round(b) for b in np.geomspace(BATCHES[0], BATCHES[-1], 61)})
 THIS_MACHINE = "this_machine:"  # option prefix; the device ("cpu" | "cuda") follows
 CALIBRATE_S = 2.0
+PRESENTER_FIT_PX = 150  # the fit chart's height in presenter mode: on the first screen
 PREFILL_EFFICIENCY = inspect.signature(prefill_seconds).parameters["efficiency"].default
 
 
@@ -205,7 +207,8 @@ def fit(choice: Choice) -> None:
              help="Weights plus the KV cache of every sequence in the batch")
     c.metric("Max batch", f"{max_batch(m, choice.precision, hw, choice.context):,}",
              help="Most sequences of this context whose KV cache fits beside the weights")
-    st.altair_chart(fit_chart(fit_frame(report), hw.memory_gb, hw.name), width="stretch")
+    st.altair_chart(fit_chart(fit_frame(report), hw.memory_gb, hw.name), width="stretch",
+                    height=presenter.figure_height(PRESENTER_FIT_PX))
     what = (f"{m.name} at {choice.precision} with {choice.batch} × {choice.context:,} tokens "
             f"of KV cache")
     if report.fits:

@@ -24,7 +24,7 @@ from engine.engine import Engine
 from engine.kv_cache import BlockInfo, KVCacheStats, waste_for_block_size
 from engine.local import DEFAULT_N_CTX
 from engine.serving import ServingStats
-from ui import kv_charts, kv_frames, method, presenter, shared
+from ui import clicker, kv_charts, kv_frames, method, presenter, shared
 from ui.charts import template
 from ui.job_slot import SLOW_REFRESH_S, JobSlot
 from workloads.scenario_job import ScenarioJob, scenario_config
@@ -52,8 +52,12 @@ def chart_templates() -> dict[str, dict]:
     return templates
 
 
-def draw(name: str, df: pd.DataFrame) -> None:
-    st.vega_lite_chart(df, copy.deepcopy(chart_templates()[name]), width="stretch")
+PRESENTER_MAP_PX = 270  # a block map's height in presenter mode: on the first screen
+
+
+def draw(name: str, df: pd.DataFrame, height: int | str = "content") -> None:
+    st.vega_lite_chart(df, copy.deepcopy(chart_templates()[name]), width="stretch",
+                       height=height)
 
 
 def _count(n: int, noun: str) -> str:
@@ -78,6 +82,9 @@ def controls() -> None:
     """One card per KV scenario, with its prefix caching and block size; Stop below."""
     ss = st.session_state
     running = SLOT.inputs_disabled()
+    if presenter.is_on():
+        _presenter_bar(running)
+        return
     for col, key in zip(st.columns(len(KV_SCENARIOS)), KV_SCENARIOS, strict=True):
         with col.container(border=True, key=f"kv-card-{key}"):
             _scenario_card(key, running)
@@ -89,6 +96,32 @@ def controls() -> None:
                                     "same weights: the shared engine and its settings are "
                                     "not touched.")
     SLOT.show_error()
+
+
+def _presenter_bar(running: bool) -> None:
+    """Presenter mode: one button per scenario (its card's settings hidden: each plays with
+    its own defaults), Stop, and the clicker stepping through them."""
+    ss = st.session_state
+    job = SLOT.job
+    current = job.scenario.key if job is not None else None
+    st.caption("Each scenario plays on an engine of its own, on the same weights. "
+               + clicker.HINT)
+    step = clicker.step()
+    chosen = ss.pop(presenter.KEY_KV_START, None)  # the arena's scenario button
+    if chosen is None and not running:
+        chosen = clicker.pick(KV_SCENARIOS, current, step)
+    *cells, stop = st.columns([1] * len(KV_SCENARIOS) + [0.55], vertical_alignment="center")
+    for col, key in zip(cells, KV_SCENARIOS, strict=True):
+        if col.button(get(key).title, key=f"kv_run_{key}", disabled=running, width="stretch",
+                      help=get(key).shows,
+                      type="primary" if key == current else "secondary"):
+            chosen = key
+    stop.button("Stop", key="kv_stop", on_click=SLOT.stop, disabled=not running,
+                width="stretch")
+    SLOT.show_error()
+    if chosen in KV_SCENARIOS and not running:
+        _on_run(chosen)
+        st.rerun()
 
 
 def _scenario_card(key: str, running: bool) -> None:
@@ -108,10 +141,12 @@ def _scenario_card(key: str, running: bool) -> None:
 
 
 def _on_run(key: str) -> None:
-    ss = st.session_state
-    SLOT.start(lambda: ScenarioJob(get(key), shared.shared_engine().loaded,
-                                   block_size=int(ss[f"kv_block_{key}"]),
-                                   prefix_caching=bool(ss[f"kv_prefix_{key}"])))
+    """Play scenario `key` with its card's settings (its own, where no card is shown)."""
+    ss, cfg = st.session_state, get(key).engine_config()
+    SLOT.start(lambda: ScenarioJob(
+        get(key), shared.shared_engine().loaded,
+        block_size=int(ss.get(f"kv_block_{key}", cfg.block_size)),
+        prefix_caching=bool(ss.get(f"kv_prefix_{key}", cfg.enable_prefix_caching))))
 
 
 # ---- the live view -----------------------------------------------------------------
@@ -176,7 +211,8 @@ def block_map(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
                    f"{kv.used_blocks:,} used · {kv.cached_blocks:,} cached · "
                    f"{kv.free_blocks:,} free")
     columns = kv_frames.map_columns(kv.num_blocks)
-    draw(f"block_map-{columns}", kv_frames.block_map_frame(blocks))
+    draw(f"block_map-{columns}", kv_frames.block_map_frame(blocks),
+         presenter.figure_height(PRESENTER_MAP_PX))
 
 
 def contiguous_layout(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
@@ -200,7 +236,8 @@ def contiguous_layout(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
     with st.container(key="kv-contiguous-caption"):
         st.caption(text)
     columns = kv_frames.map_columns(kv.num_blocks)
-    draw(f"contiguous-{columns}", kv_frames.contiguous_frame(res, kv.num_blocks))
+    draw(f"contiguous-{columns}", kv_frames.contiguous_frame(res, kv.num_blocks),
+         presenter.figure_height(PRESENTER_MAP_PX))
 
 
 # ---- the last scenario ---------------------------------------------------------------

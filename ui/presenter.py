@@ -1,5 +1,7 @@
-"""Presenter mode: large text for a projector, the engine settings hidden, and the five
-scripted scenarios one click away.
+"""Presenter mode: a page that is the demo on a 1280x720 projector. One plain header line
+(what runs where; the engineering details in its tooltip), the engine settings and each
+page's settings form hidden, the five scripted scenarios one click (or one clicker key,
+ui/clicker.py) away, and a large headline per side of a race.
 
 On with the sidebar toggle or `?presenter=1` in the URL; it stays on for the browser
 session across pages (and the URL keeps the parameter, so a reload keeps it too).
@@ -22,25 +24,36 @@ KEY_KV_START = "kv_autostart"  # the KV cache page starts this scenario when it 
 SCENARIOS = ("one_user", "many_users", "shared_prefix", "laptop_70b",  # one button each
              "edit_paragraph")
 
-# Scaled for a projector at the back of a room: base text, metric values, headings.
+# Sized for a 1280x720 projector: the scenario buttons and both sides of a race on the
+# first screen. Metric values never wrap (each must fit its column); a side's headline
+# (containers keyed "headline-...") is the large figure, the other metrics are smaller.
 CSS = """
 <style>
-html, body, [class*="st-"] { font-size: 22px; }
-[data-testid="stMetricValue"], [data-testid="stMetricValue"] * {
-  font-size: 2rem !important; font-weight: 700;
+html { font-size: 18px; }
+[data-testid="stMainBlockContainer"] {
+  padding: 3.4rem 2rem 3rem 2rem !important; max-width: none;
 }
-[data-testid="stMetricLabel"] p { font-size: 1.15rem; }
-h1, h1 * { font-size: 2.6rem !important; }
-h2, h2 * { font-size: 2.1rem !important; }
-h3, h3 * { font-size: 1.7rem !important; }
-/* text wraps instead of ending in "..." (metric labels and values, scenario buttons) */
-[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *,
+[data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] { gap: 0.55rem; }
+h1, h1 * { font-size: 2rem !important; }
+h2, h2 * { font-size: 1.5rem !important; padding-top: 0 !important; padding-bottom: 0 !important; }
+h3, h3 * { font-size: 1.25rem !important; padding-top: 0 !important; padding-bottom: 0 !important; }
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] * {
+  font-size: 1.45rem !important; font-weight: 700; line-height: 1.25;
+}
+[class*="st-key-headline"] [data-testid="stMetricValue"],
+[class*="st-key-headline"] [data-testid="stMetricValue"] * {
+  font-size: 2.9rem !important; line-height: 1.1;
+}
+[data-testid="stMetricLabel"] p { font-size: 0.9rem; }
+/* labels and button titles wrap instead of ending in "..."; metric values do not wrap */
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] *,
 [data-testid="stBaseButton-primary"] *, [data-testid="stBaseButton-secondary"] * {
   white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
   overflow-wrap: normal !important; word-break: normal !important;
 }
-[data-testid="stCode"] pre, [data-testid="stCode"] code { font-size: 1.1rem; }
-[data-testid="stCaptionContainer"] { font-size: 1.05rem; }
+[data-testid="stCode"] pre, [data-testid="stCode"] code { font-size: 0.95rem; }
+[data-testid="stCaptionContainer"] { font-size: 0.9rem; }
+.st-key-clicker { display: none; }
 </style>
 """
 
@@ -61,6 +74,15 @@ def is_on() -> bool:
     return bool(st.session_state.get(KEY))
 
 
+def wanted() -> bool:
+    """Whether this run will be in presenter mode, read without changing anything (for the
+    page config and the navigation, which come before `sync_from_url`)."""
+    value = st.query_params.get(QUERY)
+    if value is not None:
+        return value.strip().lower() in ON_VALUES
+    return is_on()
+
+
 def toggle() -> None:
     """The sidebar switch; the URL follows it so the mode survives a reload."""
     st.sidebar.toggle("Presenter mode", key=KEY, on_change=_follow_url,
@@ -73,6 +95,12 @@ def _follow_url() -> None:
         st.query_params[QUERY] = "1"
     else:
         st.query_params.pop(QUERY, None)
+
+
+def figure_height(px: int) -> int | str:
+    """A chart's height: `px` in presenter mode (so the page's main figure fits the first
+    screen of a 1280x720 projector), else the chart's own ("content")."""
+    return px if is_on() else "content"
 
 
 def apply_style() -> None:

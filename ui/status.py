@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import ServingStats
-from ui import shared
+from ui import presenter, shared
 from ui.job_slot import SLOW_REFRESH_S, held_jobs
+from workloads.sides import count
 
 
 def status_line(stats: ServingStats, mine: tuple[str, ...]) -> str:
@@ -32,6 +33,17 @@ def dtype_words(stats: ServingStats) -> str:
     return f"{stats.dtype} ({why})" if why and why != stats.dtype else stats.dtype
 
 
+def where_line(stats: ServingStats, running: int) -> str:
+    """Presenter mode's header: what runs where, in plain words, and how busy it is."""
+    device = "GPU" if stats.device.startswith("cuda") else "CPU"
+    local = "the same CPU" if device == "CPU" else "this machine's CPU"
+    if stats.stopped is not None:
+        return "The datacenter engine is stopped: an admin restarts it."
+    busy = f" · now serving {count(running, 'request')}" if running else ""
+    return (f"**Datacenter:** this machine's {device}, batching · **Local PC:** {local}, one "
+            f"user at a time{busy}")
+
+
 @st.fragment(run_every=SLOW_REFRESH_S)
 def status_strip() -> None:
     """Refreshes itself every second, without rerunning the page. It is also the
@@ -41,5 +53,9 @@ def status_strip() -> None:
     for job in jobs:  # the tab is open (on any page): keep its jobs alive
         job.touch()
     stats = shared.shared_engine().engine.stats(steps_after=None)
+    line = status_line(stats, tuple(job.job_id for job in jobs))
     with st.container(key="status-strip"):
-        st.caption(status_line(stats, tuple(job.job_id for job in jobs)))
+        if presenter.is_on():  # one plain line; the engineering terms in its tooltip
+            st.markdown(where_line(stats, stats.num_running + stats.num_waiting), help=line)
+        else:
+            st.caption(line)

@@ -25,7 +25,7 @@ from engine.local import LocalPC
 from measure.hardware import aggregate_tokens_per_s
 from measure.roofline import Roofline, model_profile_key, roofline, user_grid
 from server.remote import RemoteSide
-from ui import endpoints, hosting, inputs, method, server_charts, shared
+from ui import clicker, endpoints, hosting, inputs, method, presenter, server_charts, shared
 from ui import sweep_charts as charts
 from ui.hardware_view import fmt_number, fmt_seconds, this_machine
 from ui.job_slot import HEARTBEAT_S, SLOW_REFRESH_S, JobSlot
@@ -55,6 +55,7 @@ MODES = {"users": "Concurrent users (all send at once)",
 PROMPTS = ("Varied short prompts", "One prompt for everyone")
 UNITS = {"users": "users", "rate_rps": "requests/s"}
 MAX_TOKENS = 256  # per request, the page's range (the admin's caps may be lower)
+PRESENTER_CHART_PX = 240  # the four charts' height in presenter mode: a row on one screen
 
 
 def intro() -> None:
@@ -65,8 +66,35 @@ def intro() -> None:
 
 # ---- controls ------------------------------------------------------------------------
 def controls() -> None:
-    """Load, max tokens, prompts, Run and Stop; disabled while a sweep runs."""
-    ss, running = st.session_state, SLOT.inputs_disabled()
+    """Load, max tokens, prompts, Run and Stop; disabled while a sweep runs. In presenter
+    mode the settings fold into a closed expander, so the charts are on the first screen,
+    and the clicker's next key runs the sweep."""
+    running = SLOT.inputs_disabled()
+    if presenter.is_on():
+        with st.expander("Sweep settings"):
+            _settings(running)
+        st.caption("Clicker: PageDown or → runs the sweep as set.")
+        if (clicker.pick(("sweep",), "sweep" if SLOT.job else None, clicker.step())
+                and not running and _plan()[0] is not None):
+            _on_run()
+            st.rerun()
+    else:
+        _settings(running)
+    plan, error = _plan()
+    hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
+                        run_label="Run sweep", run_disabled=plan is None)
+    if plan is not None:
+        hint.caption(f"{count(plan.num_requests, 'request')} per side, "
+                     f"{count(plan.max_tokens, 'token')} each; at each load the datacenter "
+                     "runs first, then the local PC: never both at once.")
+    else:
+        hint.caption(error)
+    SLOT.show_error()
+
+
+def _settings(running: bool) -> None:
+    """The sweep's settings: load, max tokens, prompts, endpoints."""
+    ss = st.session_state
     ss.setdefault("sweep_prompt", next(iter(load_prompts().presets.values())))
     left, right = st.columns([3, 2], gap="large")
     with left:
@@ -90,16 +118,6 @@ def controls() -> None:
         if one:
             st.text_area("Prompt", key="sweep_prompt", height=90, disabled=running)
         endpoints.pickers("sweep", running)
-    plan, error = _plan()
-    hint = SLOT.buttons("sweep_stop", on_run=_on_run, run_key="sweep_run_button",
-                        run_label="Run sweep", run_disabled=plan is None)
-    if plan is not None:
-        hint.caption(f"{count(plan.num_requests, 'request')} per side, "
-                     f"{count(plan.max_tokens, 'token')} each; at each load the datacenter "
-                     "runs first, then the local PC: never both at once.")
-    else:
-        hint.caption(error)
-    SLOT.show_error()
 
 
 def _plan() -> tuple[SweepPlan | None, str]:
@@ -294,7 +312,8 @@ def main_charts(sweep: Sweep | None, snap: SweepSnapshot | None, points: pd.Data
     ]
     cells = [cell for _ in range(2) for cell in st.columns(2, gap="large")]
     for i, (cell, build) in enumerate(zip(cells, builders, strict=True)):
-        cell.vega_lite_chart(spec=_vega_cached((*key, i), build), width="stretch")
+        cell.vega_lite_chart(spec=_vega_cached((*key, i), build), width="stretch",
+                             height=presenter.figure_height(PRESENTER_CHART_PX))
     if roof is not None:
         st.caption(f"Dashed grey: the roofline ceiling of this machine from measure/hardware.py "
                    f"(decode only, SmolLM2-135M profile): {roof.note} Per user, the measured "

@@ -272,6 +272,7 @@ def test_presenter_mode_scenario_replays_and_every_page(server, browser, shots):
     screenshot(page, shots, "kv_cache")
     # the default load sweep (1..64 users), 4 tokens per request to keep the test short
     page.goto(f"{server}/sweep?presenter=1")
+    page.get_by_text("Sweep settings", exact=True).click()  # folded away in presenter mode
     field = page.get_by_label("Max tokens per request", exact=True)
     field.fill("4")
     field.press("Enter")
