@@ -130,13 +130,13 @@ bool with_group(int64_t group, const F& f) {
 //
 // A unit is one (request, kv head) pair's keys [k0, k1): all of them, unless there are too
 // few pairs to keep every thread busy (a small batch, batch 1 above all), when each pair's
-// keys are cut into pieces. Units run longest first and each thread takes the next one as
+// keys are cut into pieces of at least 256. Units run longest first and each thread takes the next one as
 // it finishes the last, so the threads finish together however the lengths mix and
 // whichever thread the OS takes away for a while. A piece's running softmax (max, sum,
 // unnormalised V sum) goes to a scratch row; the thread that finishes a pair's last piece
 // merges them and writes the output.
 //
-//   pair (s, h), 3 pieces:  keys [0, 128) [128, 256) [256, 300)   -> partials -> merge
+//   pair (s, h), 3 pieces:  keys [0, 256) [256, 512) [512, 600)   -> partials -> merge
 struct Unit {
   int32_t s, h, k0, k1;
   int32_t part;  // first scratch row of the pair's pieces; -1: one piece, written directly
@@ -158,10 +158,11 @@ void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
   const int64_t pairs = S * KVH;
   int64_t piece = std::numeric_limits<int32_t>::max();
-  if (nt > 1 && pairs < 8 * nt) {  // too few pairs: about 8 units per thread
+  if (nt > 1 && pairs < 4 * nt) {  // too few pairs: about 4 units per thread
     int64_t keys = 0;
     for (int64_t s = 0; s < S; ++s) keys += lens[s];
-    piece = std::max<int64_t>(64, (keys * KVH / (8 * nt) + 15) / 16 * 16);
+    // at least 256 keys a piece: each unit starts on keys not yet prefetched
+    piece = std::max<int64_t>(256, (keys * KVH / (4 * nt) + 15) / 16 * 16);
   }
   std::vector<Unit> units;
   units.reserve(pairs);
