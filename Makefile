@@ -43,8 +43,9 @@ test-fast: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not model and not browser and not compat"
 
-# llama.cpp's llama-server from the llama-cpp-python sdist, cached in ~/.cache/batchlens
-# (~8 min on 2 cores the first time, then nothing)
+# llama.cpp's llama-server, llama-bench and llama-batched-bench from the llama-cpp-python
+# sdist, and the bundled model as a bf16 GGUF (its own converter), cached in
+# ~/.cache/batchlens (~8 min on 2 cores the first time, then nothing)
 llama-server:
 	PY=$(BIN)/python scripts/build_llama_server.sh
 

@@ -1,83 +1,168 @@
-"""Time the native CPU kernels alone: decode attention over SmolLM2's shapes, and the
-greedy argmax of a step's logits.
+"""Time the native CPU kernels alone: decode attention over SmolLM2's shapes against the
+machine's calibrated bandwidth, and the greedy argmax of a step's logits.
 
-Decode attention: 64 requests with contexts of 20-420 tokens (seeded), 30 layers, bfloat16
-(or float32), K/V blocks of 16 tokens placed three ways: shuffled over the pool (as a
-long-running engine hands them out), in order, and all requests reading the same few
-blocks (K/V in cache: the kernel's compute alone). Best of 7 after a warm-up.
+Decode attention: 64 requests with contexts of 20-420 tokens (seeded, about the bench mix's
+contexts halfway through its outputs), 30 layers, bfloat16 (or float32), K/V blocks of 16
+tokens placed three ways: shuffled over the pool (as a long-running engine hands them out),
+in order, and all requests reading the same few blocks (K/V in cache: the kernel's compute
+alone); and one request alone (batch 1, its keys cut over the threads). Each figure is the
+median of `--rounds` passes over all layers after a warm-up, in GB/s of K/V read and as a
+share of `measure.calibrate`'s bandwidth, measured in the same run.
 
-    python scripts/kernel_bench.py [--dtype bfloat16|float32]
+`--against REV` builds the kernel source of a git revision beside the current one and
+times the two in alternation, pass by pass, so both see the same load on a shared machine;
+the ratio of their medians is the figure to trust there.
+
+    PYTHONPATH=. python scripts/kernel_bench.py [--dtype bfloat16|float32] [--against REV]
+                                                [--rounds N] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
+import statistics
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from engine.models import native
+from engine.models import loader, native
+from measure.calibrate import calibrate
 
 REQUESTS, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 9, 3, 64, 16, 30
+ROOT = Path(__file__).resolve().parents[1]
+CSRC = "engine/models/csrc"
+Op = Callable[..., torch.Tensor]
 
 
-def best_ms(fn: Callable[[], object], reps: int = 7) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1000
+def build_at(rev: str) -> Op:
+    """The decode-attention kernel as it is at git revision `rev`, registered as
+    batchlens_ab::paged_decode_attention (built once per source into the kernel cache)."""
+    from torch.utils.cpp_extension import load
+
+    src = {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
+                                capture_output=True, text=True).stdout
+           for name in ("paged_attention.cpp", "simd.h")}
+    src["paged_attention.cpp"] = (src["paged_attention.cpp"]
+                                  .replace("TORCH_LIBRARY(batchlens,", "TORCH_LIBRARY(batchlens_ab,")
+                                  .replace("TORCH_LIBRARY_IMPL(batchlens,",
+                                           "TORCH_LIBRARY_IMPL(batchlens_ab,"))
+    key = hashlib.sha256("".join(src.values()).encode() + " ".join(native.cflags()).encode()
+                         ).hexdigest()[:16]
+    folder = loader.cache_root() / "kernels" / f"ab-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in src.items():
+        (folder / name).write_text(text)
+    load(name=f"batchlens_ab_{key}", sources=[str(folder / "paged_attention.cpp")],
+         extra_cflags=native.cflags(), build_directory=str(folder), is_python_module=False)
+    return torch.ops.batchlens_ab.paged_decode_attention
 
 
-def attention(dtype: torch.dtype) -> None:
-    op = torch.ops.batchlens.paged_decode_attention
+def layout(lens: list[int], order: str, rng: random.Random) -> torch.Tensor:
+    """Block tables for requests of `lens` keys: blocks "shuffled" over the pool, "in
+    order", or the "same" first blocks for every request."""
+    blocks = [-(-n // BLOCK) for n in lens]
+    ids = list(range(1, sum(blocks) + 1))
+    if order == "shuffled":
+        rng.shuffle(ids)
+    tables = torch.zeros(len(lens), max(blocks), dtype=torch.int32)
+    taken = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = torch.tensor(ids[taken: taken + n] if order != "same"
+                                     else range(1, n + 1), dtype=torch.int32)
+        taken += n
+    return tables
+
+
+def passes(ops: dict[str, Op], args: tuple, rounds: int) -> dict[str, list[float]]:
+    """Seconds per pass over all layers for each op, the ops taking turns pass by pass (the
+    order flipped every round)."""
+    q, caches, tables, context = args
+    times: dict[str, list[float]] = {name: [] for name in ops}
+    for op in ops.values():  # warm-up
+        [op(q, k, v, tables, context, 0.125) for k, v in caches]
+    names = list(ops)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            op = ops[name]
+            start = time.perf_counter()
+            for k, v in caches:
+                op(q, k, v, tables, context, 0.125)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: float) -> None:
     rng = random.Random(0)
     lens = sorted(rng.randint(20, 420) for _ in range(REQUESTS))
-    blocks = [-(-n // BLOCK) for n in lens]
-    pool = sum(blocks) + 1
+    pool = sum(-(-n // BLOCK) for n in lens) + 1
     caches = [(torch.randn(KV_HEADS, pool, BLOCK, HEAD_DIM).to(dtype),
                torch.randn(KV_HEADS, pool, BLOCK, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
-    q = torch.randn(REQUESTS, HEADS, HEAD_DIM).to(dtype)
-    context = torch.tensor(lens, dtype=torch.int32)
-    nbytes = sum(lens) * LAYERS * 2 * KV_HEADS * HEAD_DIM * q.element_size()
-    shuffled = list(range(1, pool))
-    rng.shuffle(shuffled)
-    placements = {"shuffled blocks": shuffled, "blocks in order": list(range(1, pool)),
-                  "same blocks (in cache)": None}
+    per_key = LAYERS * 2 * KV_HEADS * HEAD_DIM * caches[0][0].element_size()
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
-          f"{nbytes / 1e6:.0f} MB of K/V")
-    for name, order in placements.items():
-        tables = torch.zeros(REQUESTS, max(blocks), dtype=torch.int32)
-        taken = 0
-        for i, n in enumerate(blocks):
-            ids = order[taken: taken + n] if order is not None else range(1, n + 1)
-            tables[i, :n] = torch.tensor(list(ids), dtype=torch.int32)
-            taken += n
-        ms = best_ms(lambda t=tables: [op(q, k, v, t, context, 0.125) for k, v in caches])
-        print(f"  {name:<24}{ms:7.2f} ms  {nbytes / ms / 1e6:5.1f} GB/s")
+          f"{sum(lens) * per_key / 1e6:.0f} MB of K/V; medians of {rounds} passes; "
+          f"calibrated bandwidth {bandwidth:.1f} GB/s")
+    cases = [("shuffled blocks", lens, "shuffled"), ("blocks in order", lens, "in order"),
+             ("same blocks (in cache)", lens, "same"), ("batch 1, 400 keys", [400], "shuffled")]
+    for name, case_lens, order in cases:
+        n = len(case_lens)
+        q = torch.randn(n, HEADS, HEAD_DIM).to(dtype)
+        context = torch.tensor(case_lens, dtype=torch.int32)
+        tables = layout(case_lens, order, rng)
+        times = passes(ops, (q, caches, tables, context), rounds)
+        nbytes = sum(case_lens) * per_key
+        cells = []
+        for op_name, ts in times.items():
+            ms = statistics.median(ts) * 1000
+            gbs = nbytes / ms / 1e6
+            cells.append(f"{op_name} {ms:7.2f} ms {gbs:5.1f} GB/s ({gbs / bandwidth:4.0%})")
+        if len(times) == 2:
+            a, b = (statistics.median(ts) for ts in times.values())
+            cells.append(f"{b / a:.2f}x")
+        print(f"  {name:<24}" + "   ".join(cells))
 
 
 def argmax() -> None:
     logits = torch.randn(REQUESTS, 49152).bfloat16()
-    native_ms = best_ms(lambda: torch.ops.batchlens.argmax_rows(logits), 20)
-    torch_ms = best_ms(lambda: logits.float().argmax(dim=-1), 20)
+
+    def best_ms(fn: Callable[[], object], reps: int = 20) -> float:
+        fn()
+        return min(_seconds(fn) for _ in range(reps)) * 1000
+
+    native_ms = best_ms(lambda: torch.ops.batchlens.argmax_rows(logits))
+    torch_ms = best_ms(lambda: logits.float().argmax(dim=-1))
     print(f"greedy argmax of {REQUESTS} x 49,152 bfloat16 logits: argmax_rows {native_ms:.2f} ms, "
           f".float().argmax() {torch_ms:.2f} ms")
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--against", metavar="REV", help="also time the kernel of git revision REV")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     built, reason = native._build()
     if not built:
         raise SystemExit(f"the native kernels are not built here: {reason}")
-    print(native.status(getattr(torch, a.dtype)))
-    attention(getattr(torch, a.dtype))
+    print(native.status(getattr(torch, a.dtype)) + f"; {torch.get_num_threads()} threads")
+    ops: dict[str, Op] = {"this": torch.ops.batchlens.paged_decode_attention}
+    if a.against:
+        ops = {a.against: build_at(a.against), **ops}
+    cal = calibrate()
+    attention(getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs)
     argmax()
 
 

@@ -18,6 +18,7 @@ import torch
 
 from engine.models import native
 from engine.models.loaded import LoadedModel
+from measure.bench import llamacpp
 from measure.bench.report import device_of, report, report_saved, roofline_floor, save_json
 from measure.bench.requests import make_requests, tokenize_corpus
 from measure.bench.runs import RUNS, BenchContext, RunResult
@@ -45,6 +46,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--host-overhead", action="store_true",
                     help="host time per engine step with a stand-in model that returns at "
                     "once, at 1,64,256,1024 decoding requests (--concurrency overrides)")
+    ap.add_argument("--llamacpp", action="store_true",
+                    help="after the runs, llama.cpp's llama-bench (tg128, pp512) and "
+                    "llama-batched-bench on the same weights and threads, printed beside "
+                    "the engine's figures (built by `make compat`)")
     ap.add_argument("--report", metavar="PATH", nargs="+",
                     help="print the table of saved --json files (runs merged) and exit")
     return ap
@@ -103,6 +108,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
         sizes = tuple(a.host_sizes) if a.concurrency else host.HOST_SIZES
         return host.main(sizes, a.device, a.dtype, a.json, model=a.model)
+    if a.llamacpp:
+        try:
+            llamacpp.find_tools()
+        except llamacpp.LlamaCppMissing as exc:
+            print(exc, file=sys.stderr)
+            return 2
     if a.threads:
         torch.set_num_threads(a.threads)
     import transformers
@@ -112,6 +123,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     print("loading model ...", file=sys.stderr, flush=True)
     loaded = LoadedModel.load(a.model, a.device, a.dtype)
     reqs = make_requests(tokenize_corpus(loaded.tokenizer), a.n, a.seed, a.prompt_len, a.max_tok)
+    tools = None
+    if a.llamacpp:
+        try:
+            tools = llamacpp.find(loaded.folder, str(loaded.model.dtype).removeprefix("torch."))
+        except (llamacpp.LlamaCppMissing, ValueError) as exc:
+            print(exc, file=sys.stderr)
+            return 2
     ctx = BenchContext(loaded, reqs, a.conc)
     floor = roofline_floor(loaded, reqs, a.conc[-1])  # calibrates (kept for the process)
     dtype = str(loaded.model.dtype).removeprefix("torch.")
@@ -148,4 +166,22 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if a.json:
             save_json(a.json, run_info, results, floor, complete=True)
     print("\n" + report(results, floor))
+    if tools is not None:
+        print(compare_llamacpp(tools, reqs, a.conc, results, run_info, floor, a.json))
     return 0
+
+
+def compare_llamacpp(tools: llamacpp.LlamaCpp, reqs: list, conc: list[int],
+                     results: list[RunResult], run_info: dict, floor: dict | None,
+                     json_path: str | None) -> str:
+    """llama.cpp's figures on this process's thread count, after the runs (so the two never
+    share the cores), as printed; saved with the runs under "llamacpp" with `--json`."""
+    print("run llama.cpp (llama-bench, llama-batched-bench) ...", file=sys.stderr, flush=True)
+    pp = round(sum(len(r.prompt_ids) for r in reqs) / len(reqs))
+    tg = round(sum(r.max_tokens for r in reqs) / len(reqs))
+    figures = llamacpp.measure(tools, torch.get_num_threads(), sorted({1, conc[-1]}), pp, tg)
+    if json_path:
+        save_json(json_path, run_info | {"llamacpp": figures}, results, floor, complete=True)
+    runs = {r.name: {"summary": r.summary.as_dict() if r.summary else None, **r.extra}
+            for r in results}
+    return "\n" + llamacpp.report(figures, runs)

@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,8 @@ THREADS = int(os.environ.get("BATCHLENS_LLAMA_THREADS", "1"))
 
 def llama_server_binary() -> Path:
     """The built `llama-server` (building it first when it is not cached)."""
-    env = os.environ | {"PY": os.environ.get("PY", "python3")}
+    # the script's PY converts the model too: it needs this venv (torch, engine)
+    env = os.environ | {"PY": os.environ.get("PY", sys.executable)}
     subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, env=env, timeout=BUILD_TIMEOUT_S)
     out = subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], check=True, text=True,
                          capture_output=True).stdout.strip()

@@ -72,6 +72,44 @@ def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, t
     assert (got.double() - want).abs().max().item() < tol
 
 
+@pytest.fixture
+def two_threads():
+    """Two threads for the kernel, whatever this machine has: few (request, kv head) pairs
+    on more than one thread are cut into pieces of keys, merged after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype,d,group,tol", [(torch.bfloat16, 64, 3, 2e-2),
+                                               (torch.bfloat16, 128, 4, 2e-2),
+                                               (torch.float32, 64, 3, 1e-5)])
+@pytest.mark.parametrize("lens", [[1000], [700, 3], [256, 257], [1]])
+@pytest.mark.parametrize("path", ["", "avx2"])
+def test_a_small_batch_cut_into_pieces_of_keys_matches_float64(dtype, d, group, tol, lens, path,
+                                                               two_threads, monkeypatch):
+    if path:
+        monkeypatch.setenv("BATCHLENS_KERNEL_PATH", path)
+    g = torch.Generator().manual_seed(1)
+    kvh, bs = 3, 16
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    width = -(-max(lens) // bs)
+    num_blocks = len(lens) * width + 5
+    k_cache = torch.randn(kvh, num_blocks, bs, d, generator=g).to(dtype)
+    v_cache = torch.randn(kvh, num_blocks, bs, d, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g)[: len(lens) * width]
+    tables = tables.view(len(lens), width).to(torch.int32)
+    # scores spread wide, so each piece's running max differs and the merge must rescale
+    q = (torch.randn(len(lens), kvh * group, d, generator=g) * 4).to(dtype)
+    got = kernel()(q, k_cache, v_cache, tables, lens_t, 0.125)
+    want = reference(q, k_cache, v_cache, tables, lens_t, 0.125)
+    assert (got.double() - want).abs().max().item() < tol
+    torch.set_num_threads(1)  # one thread: no pieces, the same attention
+    whole = kernel()(q, k_cache, v_cache, tables, lens_t, 0.125)
+    assert (got.double() - whole.double()).abs().max().item() < tol
+
+
 def test_kernel_rejects_mismatched_inputs():
     q = torch.zeros(2, 9, 64, dtype=torch.bfloat16)
     cache = torch.zeros(3, 4, 16, 64, dtype=torch.bfloat16)

@@ -18,11 +18,13 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -123,44 +125,133 @@ bool with_group(int64_t group, const F& f) {
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 
-// What every kernel instance shares: the (request, kv head) work items dealt round-robin
-// over the threads (parallel_for hands each thread one contiguous range, and decode rows
-// arrive sorted by length), and the walk over a request's keys a tile at a time, with the
-// row offsets of the next tile computed and their K/V prefetched into L2 while these are
-// used (into L1, the 64 lines at once ran 40% slower on a pool past the caches; further
-// ahead, or the next item's first keys too, measured no faster).
-template <typename Body>
-void for_each_item(int64_t S, int64_t KVH, const Body& body) {
-  const int64_t N = S * KVH, nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
-  const int64_t per = (N + nt - 1) / nt;
-  at::parallel_for(0, per * nt, per, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t w = (i % per) * nt + i / per;
-      if (w < N) body(w / KVH, w % KVH);
+// What every kernel instance shares: the work, cut into units of keys, dealt to the
+// threads by a shared counter, and the walk over a unit's keys a tile at a time.
+//
+// A unit is one (request, kv head) pair's keys [k0, k1): all of them, unless there are too
+// few pairs to keep every thread busy (a small batch, batch 1 above all), when each pair's
+// keys are cut into pieces of at least 256. Units run longest first and each thread takes the next one as
+// it finishes the last, so the threads finish together however the lengths mix and
+// whichever thread the OS takes away for a while. A piece's running softmax (max, sum,
+// unnormalised V sum) goes to a scratch row; the thread that finishes a pair's last piece
+// merges them and writes the output.
+//
+//   pair (s, h), 3 pieces:  keys [0, 256) [256, 512) [512, 600)   -> partials -> merge
+struct Unit {
+  int32_t s, h, k0, k1;
+  int32_t part;  // first scratch row of the pair's pieces; -1: one piece, written directly
+  int32_t pieces;
+};
+
+template <int G, int D>
+struct Partial {  // one piece's running softmax per query head; acc in the kernel's order
+  float m[G], l[G];
+  alignas(64) float acc[G][D];
+};
+
+// Cuts the pairs into units and runs `body(unit, partial)` on every unit, longest first,
+// over the threads; then `finish(s, h, partial)` once per pair with the whole pair's
+// partial (a single piece's own, or the merge of its pieces).
+template <int G, int D, typename Body, typename Finish>
+void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
+               const Finish& finish) {
+  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t pairs = S * KVH;
+  int64_t piece = std::numeric_limits<int32_t>::max();
+  if (nt > 1 && pairs < 4 * nt) {  // too few pairs: about 4 units per thread
+    int64_t keys = 0;
+    for (int64_t s = 0; s < S; ++s) keys += lens[s];
+    // at least 256 keys a piece: each unit starts on keys not yet prefetched
+    piece = std::max<int64_t>(256, (keys * KVH / (4 * nt) + 15) / 16 * 16);
+  }
+  std::vector<Unit> units;
+  units.reserve(pairs);
+  int32_t rows = 0;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t h = 0; h < KVH; ++h) {
+      const int32_t len = lens[s];
+      const int32_t n = static_cast<int32_t>((len + piece - 1) / piece);
+      for (int32_t i = 0; i < n; ++i)
+        units.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h),
+                         static_cast<int32_t>(i * piece),
+                         static_cast<int32_t>(std::min<int64_t>(len, (i + 1) * piece)),
+                         n > 1 ? rows : -1, n});
+      if (n > 1) rows += n;
+    }
+  std::stable_sort(units.begin(), units.end(),
+                   [](const Unit& a, const Unit& b) { return a.k1 - a.k0 > b.k1 - b.k0; });
+  std::vector<Partial<G, D>> scratch(rows);
+  std::unique_ptr<std::atomic<int32_t>[]> left(new std::atomic<int32_t>[pairs]);
+  for (const Unit& u : units) left[u.s * KVH + u.h].store(u.pieces, std::memory_order_relaxed);
+  std::atomic<int64_t> next{0};
+  const int64_t N = static_cast<int64_t>(units.size());
+  at::parallel_for(0, std::min(nt, N), 1, [&](int64_t, int64_t) {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < N;) {
+      const Unit& u = units[i];
+      if (u.part < 0) {
+        Partial<G, D> p;
+        body(u, p);
+        finish(u.s, u.h, p);
+        continue;
+      }
+      body(u, scratch[u.part + u.k0 / piece]);
+      if (left[u.s * KVH + u.h].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+      Partial<G, D> p;  // this thread finished the pair's last piece: merge all of them
+      const Partial<G, D>* parts = scratch.data() + u.part;
+      for (int g = 0; g < G; ++g) {
+        float m = parts[0].m[g];
+        for (int32_t k = 1; k < u.pieces; ++k) m = std::max(m, parts[k].m[g]);
+        float l = 0.f;
+        for (int d = 0; d < D; ++d) p.acc[g][d] = 0.f;
+        for (int32_t k = 0; k < u.pieces; ++k) {
+          const float w = std::exp(parts[k].m[g] - m);
+          l += parts[k].l[g] * w;
+          for (int d = 0; d < D; ++d) p.acc[g][d] += parts[k].acc[g][d] * w;
+        }
+        p.m[g] = m, p.l[g] = l;
+      }
+      finish(u.s, u.h, p);
     }
   });
 }
 
+// The output rows of pair (s, h): acc / l per query head; `perm[d]` is where dimension d
+// sits in acc (nullptr: in order).
+template <typename T, int G, int D>
+void write_out(T* out, int64_t H, int64_t s, int64_t h, const Partial<G, D>& p,
+               const int* perm) {
+  for (int g = 0; g < G; ++g) {
+    const float inv = 1.f / p.l[g];
+    T* os = out + (s * H + h * G + g) * D;
+    for (int d = 0; d < D; ++d) os[d] = static_cast<T>(p.acc[g][perm ? perm[d] : d] * inv);
+  }
+}
+
 template <typename T, int TILE = 16>
-struct KeyWalk {  // row offsets (in elements) of a request's keys, TILE at a time
+struct KeyWalk {  // row offsets (in elements) of a unit's keys, TILE at a time
   const int32_t* table;
-  int64_t h, NB, BS, D, len;
+  int64_t h, NB, BS, D, len;  // len: the unit's keys, from its first
+  int64_t blk_i, in_blk;      // the next key to fill: its block-table column and slot
   int64_t rows[2][TILE];
-  int64_t blk_i = 0, in_blk = 0;
+  KeyWalk(const int32_t* t, int64_t h_, int64_t nb, int64_t bs, int64_t d, int64_t k0,
+          int64_t k1)
+      : table(t), h(h_), NB(nb), BS(bs), D(d), len(k1 - k0), blk_i(k0 / bs), in_blk(k0 % bs) {}
   void fill(int64_t* r, int64_t count) {
     for (int64_t t = 0; t < count; ++t) {
       r[t] = ((h * NB + table[blk_i]) * BS + in_blk) * D;
       if (++in_blk == BS) in_blk = 0, ++blk_i;
     }
   }
-  // the offsets of keys [start, start + TILE); prefetches the next TILE
+  // the offsets of keys [start, start + TILE) of the unit; computes the next TILE's and
+  // prefetches their K/V into L2 while these are used (into L1, the 64 lines at once
+  // overrun its miss buffers)
   const int64_t* tile(int64_t start, int cur, const T* kc, const T* vc) {
     if (start == 0) fill(rows[0], std::min<int64_t>(TILE, len));
     if (start + TILE < len) {
       int64_t* next = rows[cur ^ 1];
       const int64_t count = std::min<int64_t>(TILE, len - start - TILE);
       fill(next, count);
-      for (int64_t t = 0; t < count; ++t)  // into L2: 64 lines at once overrun L1's misses
+      for (int64_t t = 0; t < count; ++t)
         for (int64_t c = 0; c < D * static_cast<int64_t>(sizeof(T)); c += 64) {
           _mm_prefetch(reinterpret_cast<const char*>(kc + next[t]) + c, _MM_HINT_T1);
           _mm_prefetch(reinterpret_cast<const char*>(vc + next[t]) + c, _MM_HINT_T1);
@@ -227,8 +318,9 @@ template <typename T, int G, int DV>
 void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const int32_t* tables,
                    const int32_t* lens, T* out, int64_t S, int64_t H, int64_t KVH, int64_t NB,
                    int64_t BS, int64_t max_blocks, float scale) {
-  constexpr int64_t D = 16 * DV;
-  for_each_item(S, KVH, [&](int64_t s, int64_t h) {
+  constexpr int D = 16 * DV;
+  const auto body = [&](const Unit& u, Partial<G, D>& part) {
+    const int64_t s = u.s, h = u.h;
     __m512 qf[G][DV], acc[G][DV], l[G];
     float m[G];
     for (int g = 0; g < G; ++g) {
@@ -240,7 +332,7 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
       m[g] = -std::numeric_limits<float>::max();  // finite: no inf - inf
       l[g] = _mm512_setzero_ps();
     }
-    KeyWalk<T> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
+    KeyWalk<T> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
     for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
       const int64_t n = std::min<int64_t>(16, walk.len - start);
       const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
@@ -268,12 +360,12 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
         }
     }
     for (int g = 0; g < G; ++g) {
-      alignas(64) float o[D];
-      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]));
-      for (int j = 0; j < DV; ++j) _mm512_store_ps(o + 16 * j, _mm512_mul_ps(acc[g][j], inv));
-      T* os = out + (s * H + h * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) os[d] = static_cast<T>(o[d]);
+      part.m[g] = m[g], part.l[g] = _mm512_reduce_add_ps(l[g]);
+      for (int j = 0; j < DV; ++j) _mm512_store_ps(part.acc[g] + 16 * j, acc[g][j]);
     }
+  };
+  run_units<G, D>(lens, S, KVH, body, [&](int64_t s, int64_t h, const Partial<G, D>& p) {
+    write_out<T, G, D>(out, H, s, h, p, nullptr);
   });
 }
 
@@ -292,8 +384,9 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
                     const at::BFloat16* vc, const int32_t* tables, const int32_t* lens,
                     at::BFloat16* out, int64_t S, int64_t H, int64_t KVH, int64_t NB, int64_t BS,
                     int64_t max_blocks, float scale) {
-  constexpr int64_t D = 32 * DC;
-  for_each_item(S, KVH, [&](int64_t s, int64_t h) {
+  constexpr int D = 32 * DC;
+  const auto body = [&](const Unit& u, Partial<G, D>& part) {
+    const int64_t s = u.s, h = u.h;
     __m512bh qb[G][DC];
     __m512 acc[G][2 * DC], l[G];
     alignas(64) uint32_t pairs[G][8];  // (p_2k, p_2k+1) as bfloat16 pairs
@@ -305,7 +398,7 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
       m[g] = -std::numeric_limits<float>::max();
       l[g] = _mm512_setzero_ps();
     }
-    KeyWalk<at::BFloat16> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
+    KeyWalk<at::BFloat16> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
     for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
       const int64_t n = std::min<int64_t>(16, walk.len - start);
       const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
@@ -330,30 +423,32 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
       for (int64_t t = 0; t < n; t += 2) {
         const at::BFloat16* v0 = vc + row[t];
         const at::BFloat16* v1 = vc + row[t + 1 < n ? t + 1 : t];  // a lone last key: p = 0
+        __m512bh pp[G];  // broadcast once per pair of keys, used for every slice of V
+        for (int g = 0; g < G; ++g)
+          pp[g] = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][t / 2]));
         for (int c = 0; c < DC; ++c) {
           const __m512i a = _mm512_loadu_si512(v0 + 32 * c), b = _mm512_loadu_si512(v1 + 32 * c);
           const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b);
           const __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
           for (int g = 0; g < G; ++g) {
-            const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][t / 2]));
-            acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], pp, lo);
-            acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], pp, hi);
+            acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], pp[g], lo);
+            acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], pp[g], hi);
           }
         }
       }
     }
     for (int g = 0; g < G; ++g) {
-      alignas(64) float o[2 * DC][16];
-      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[g]));
-      for (int j = 0; j < 2 * DC; ++j) _mm512_store_ps(o[j], _mm512_mul_ps(acc[g][j], inv));
-      at::BFloat16* os = out + (s * H + h * G + g) * D;
-      for (int c = 0; c < DC; ++c)
-        for (int lane = 0; lane < 4; ++lane)
-          for (int e = 0; e < 4; ++e) {
-            os[32 * c + 8 * lane + e] = static_cast<at::BFloat16>(o[2 * c][4 * lane + e]);
-            os[32 * c + 8 * lane + 4 + e] = static_cast<at::BFloat16>(o[2 * c + 1][4 * lane + e]);
-          }
+      part.m[g] = m[g], part.l[g] = _mm512_reduce_add_ps(l[g]);
+      for (int j = 0; j < 2 * DC; ++j) _mm512_store_ps(part.acc[g] + 16 * j, acc[g][j]);
     }
+  };
+  int perm[D];  // where dimension d sits in acc (the order above)
+  for (int d = 0; d < D; ++d) {
+    const int c = d / 32, lane = d % 32 / 8, e = d % 8;
+    perm[d] = 16 * (2 * c + e / 4) + 4 * lane + e % 4;
+  }
+  run_units<G, D>(lens, S, KVH, body, [&](int64_t s, int64_t h, const Partial<G, D>& p) {
+    write_out<at::BFloat16, G, D>(out, H, s, h, p, perm);
   });
 }
 #else
@@ -413,12 +508,15 @@ template <typename T, int G, int DV>
 void decode_avx2(const T* q, int64_t q_stride, const T* kc, const T* vc, const int32_t* tables,
                  const int32_t* lens, T* out, int64_t S, int64_t H, int64_t KVH, int64_t NB,
                  int64_t BS, int64_t max_blocks, float scale) {
-  constexpr int64_t D = 8 * DV;
+  constexpr int D = 8 * DV;
   const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::max());
-  for_each_item(S, KVH, [&](int64_t s, int64_t h) {
-    alignas(32) float qf[G][D], acc[G][D], prob[G][8];
-    float m[G], l[G];
+  const auto body = [&](const Unit& u, Partial<G, D>& part) {
+    const int64_t s = u.s, h = u.h;
+    alignas(32) float qf[G][D], prob[G][8];
+    float(*acc)[D] = part.acc;  // accumulated in place: AVX2 has too few registers for it
+    float* m = part.m;
+    float* l = part.l;
     for (int g = 0; g < G; ++g) {
       const T* qs = q + s * q_stride + (h * G + g) * D;
       for (int j = 0; j < DV; ++j) {
@@ -428,7 +526,7 @@ void decode_avx2(const T* q, int64_t q_stride, const T* kc, const T* vc, const i
       m[g] = -std::numeric_limits<float>::max();
       l[g] = 0.f;
     }
-    KeyWalk<T, 8> walk{tables + s * max_blocks, h, NB, BS, D, lens[s]};
+    KeyWalk<T, 8> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
     for (int64_t start = 0, cur = 0; start < walk.len; start += 8, cur ^= 1) {
       const int64_t n = std::min<int64_t>(8, walk.len - start);
       const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
@@ -463,11 +561,9 @@ void decode_avx2(const T* q, int64_t q_stride, const T* kc, const T* vc, const i
         for (int g = 0; g < G; ++g) _mm256_store_ps(acc[g] + 8 * j, a[g]);
       }
     }
-    for (int g = 0; g < G; ++g) {
-      T* os = out + (s * H + h * G + g) * D;
-      const float inv = 1.f / l[g];
-      for (int64_t d = 0; d < D; ++d) os[d] = static_cast<T>(acc[g][d] * inv);
-    }
+  };
+  run_units<G, D>(lens, S, KVH, body, [&](int64_t s, int64_t h, const Partial<G, D>& p) {
+    write_out<T, G, D>(out, H, s, h, p, nullptr);
   });
 }
 
