@@ -1,7 +1,8 @@
 """The autoscaler: how many replicas the fleet should have, looked at every `interval_s`.
 
 It scales up when its metric is above target (by more than `tolerance`): to
-ceil(ready x metric / target) replicas, as Kubernetes' HPA computes it, at least one more.
+ceil(ready x metric / target) replicas, as Kubernetes' HPA computes it, at least one more
+and at most HPA's default step (double, or four more, whichever is larger).
 A replica added is ready only after its cold start, its weights' size / `storage_gbs` plus
 `start_s` (process start, CUDA context, graph capture), and counts as provisioned
 meanwhile, so a slow start is not answered by adding again and again.
@@ -97,7 +98,7 @@ class Autoscaler:
         provisioned = n + starting
         if ratio > 1 + c.tolerance:
             self._calm_since = None
-            desired = min(max(math.ceil(n * ratio), n + 1), c.max_replicas)
+            desired = min(max(math.ceil(n * ratio), n + 1), max(2 * n, n + 4), c.max_replicas)
             add = desired - provisioned
             if add > 0:
                 self.last_change = t

@@ -167,8 +167,8 @@ class Replica:
 
     # ---- events ----------------------------------------------------------------------
     def add(self, sreq: SimRequest, t: float) -> None:
-        """A request routed here at time t joins the queue (a stretch in flight is cut at
-        the first step boundary at or after t)."""
+        """A request routed here at time t joins the queue; the first step that starts at
+        or after t sees it (a stretch in flight is cut at that step)."""
         self.run_until(t)
         if isinstance(self._pending, _Stretch):
             self._cut(t)
@@ -177,16 +177,30 @@ class Replica:
         self._admission_blocked = False  # a new request may fit where the head did not
         if self._pending is None:
             self.clock = max(self.clock, t)  # idle until now
-            self._plan()
 
-    def run_until(self, t: float) -> None:
-        """Apply every step that ends by t; the next one is planned (it may end later)."""
-        while self._pending is not None and self._pending.end <= t:
-            self._apply(self._pending)
+    def run_until(self, t: float, inclusive: bool = False) -> None:
+        """Apply every step that ends by t and plan those that start before t (at t too,
+        when `inclusive`: nothing else can arrive then); the last may end later."""
+        while True:
+            p = self._pending
+            if p is not None:
+                if p.end > t:
+                    return
+                self._apply(p)
+                continue
+            if not (self.running or self.waiting):
+                return
+            if self.clock > t or (self.clock == t and not inclusive):
+                return
             self._plan()
+            if self._pending is None:
+                return
 
     def next_event(self) -> float:
-        return math.inf if self._pending is None else self._pending.end
+        """When this replica next has something to do: its step's end, or now."""
+        if self._pending is not None:
+            return self._pending.end
+        return self.clock if (self.running or self.waiting) else math.inf
 
     # ---- planning --------------------------------------------------------------------
     def _plan(self) -> None:

@@ -115,10 +115,10 @@ class Fleet:
     def ready(self, t: float) -> list[Replica]:
         return [r for r in self.replicas if r.is_ready(t)]
 
-    def advance(self, t: float) -> None:
+    def advance(self, t: float, inclusive: bool = False) -> None:
         for r in self.replicas:
             if r.removed_at is None:
-                r.run_until(t)
+                r.run_until(t, inclusive)
                 if r.draining and r.idle:
                     r.removed_at = max(r.clock, r.ready_at)
 
@@ -176,7 +176,7 @@ def simulate(trace: Trace, config: FleetConfig, progress: Progress | None = None
         # after the last arrival nothing interrupts a replica: step to the next end
         t_step = min(r.next_event() for r in fleet.live()) if i >= n and busy else math.inf
         t = min(t_arr, next_tick, next_sample, t_step)
-        fleet.advance(t)
+        fleet.advance(t, inclusive=i >= n)
         if t == t_arr:
             fleet.route(reqs[i], t)
             i += 1
@@ -189,7 +189,7 @@ def simulate(trace: Trace, config: FleetConfig, progress: Progress | None = None
             fleet.scale(t)
             next_tick += tick
     end = max([trace.duration_s] + [r.finish for r in reqs if r.finish is not None])
-    fleet.advance(end)
+    fleet.advance(end, inclusive=True)
     if progress is not None:
         progress(1.0)
     return FleetResult(trace, config, reqs, samples, fleet.replicas, fleet.scale_events, end,
