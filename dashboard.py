@@ -19,6 +19,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "sweep": ("Sweep", ":material/stacked_line_chart:"),
     "kv_cache": ("KV cache", ":material/grid_view:"),
     "hardware": ("Hardware", ":material/memory:"),
+    "datacenter": ("Datacenter", ":material/dns:"),
 }
 
 

@@ -1,0 +1,41 @@
+"""Datacenter: a model on many GPUs. Tensor and pipeline parallelism, the link between the
+GPUs, memory per GPU, speed against batch, where a step's time goes, how many GPUs a set
+of users needs and what a token costs, from NVIDIA's measured kernel data
+(measure/projection.py), with our roofline beside it and for the local PCs."""
+
+import streamlit as st
+
+from ui import datacenter_view as view
+
+view.intro()
+
+# The presenter's scripted scenario: "70B on 8 GPUs" (TP=1, 2, 8; NVLink vs PCIe).
+view.scenario()
+
+# Model, system, engine, TP × PP, dtype, link, context, batch, prompt.
+choice = view.controls()
+
+# Memory per GPU and the verdict (or the one-line reason the layout cannot run).
+view.fit(choice)
+
+# Decode tokens/s per user and in total vs batch: measured beside the roofline.
+curves = view.decode(choice)
+
+# Where a step's time goes; the prompt's prefill and TTFT.
+parts, first = st.columns([3, 2], gap="large")
+with parts:
+    view.breakdown(choice)
+with first:
+    view.ttft(choice)
+
+# The same all-reduces on NVLink, PCIe and InfiniBand.
+view.links(choice)
+
+# The same model on local PCs, on the same axes.
+view.local(choice, curves)
+
+# Users -> tokens/s needed -> replicas and GPUs at the SLO; then cost and energy per token.
+planned = view.capacity(choice)
+view.cost_table(choice, planned)
+
+view.sources()

@@ -1,0 +1,157 @@
+"""The Datacenter page (AppTest, run on its own: no model, no shared engine) and its chart
+builders (`chart.to_dict()`): every system × TP choice renders, an impossible layout says
+why in one line, the figures shown are `measure.projection`'s, and the presenter's
+scenario gives the same text every run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from measure import capacity as cap
+from measure import projection as P
+from ui import datacenter_charts as charts
+from ui import datacenter_view as view
+
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "datacenter.py")
+
+
+def page(**picks) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception, at.exception
+    return pick(at, **picks)
+
+
+def pick(at: AppTest, **picks) -> AppTest:
+    """Set the widgets (by key) to `picks` and rerun."""
+    for key, value in picks.items():
+        widget = next(w for w in at.main if getattr(w, "key", None) == key)
+        widget.set_value(value)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_every_system_and_tp_renders() -> None:
+    at = page()
+    seen = set()
+    for system in P.systems():
+        for tp in P.TP_SIZES:
+            pick(at, dc_system=system, dc_tp=tp)
+            layout = P.Layout("llama-3.1-70b", system, "trtllm", tp=tp)
+            verdict = P.check(layout, 2048, 64)
+            if verdict.ok:
+                assert at.success and layout.label() in at.success[0].value
+                seen.add("fits")
+            else:
+                # one line, the projection's own reason
+                assert [e.value for e in at.error][:1] == [verdict.reason]
+                assert "\n" not in verdict.reason
+                seen.add("does not fit")
+    assert seen == {"fits", "does not fit"}
+
+
+@pytest.mark.parametrize(("picks", "words"), [
+    ({"dc_model": "smollm2-135m", "dc_tp": 2}, "9 attention heads do not split evenly"),
+    ({"dc_model": "llama-3.1-405b", "dc_tp": 8, "dc_pp": 4}, "126 layers do not split"),
+    ({"dc_system": "a100_sxm", "dc_dtype": "fp8"}, "no fp8 tensor cores"),
+    ({"dc_tp": 1}, "Does not fit: Llama-3.1-70B bf16 needs 131.4 GiB"),
+])
+def test_an_impossible_layout_says_why_in_one_line(picks: dict, words: str) -> None:
+    at = page(**picks)
+    assert words in at.error[0].value and "\n" not in at.error[0].value
+    assert not at.success
+
+
+def test_the_figures_are_the_projection_s() -> None:
+    at = page()
+    layout = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=8)
+    step = P.decode_step(layout, 64, 2048)
+    assert metric(at, "Tokens/s total (batch 64)") == view.fmt_number(64 / step.seconds)
+    assert metric(at, "All-reduces + hops") == f"{step.communication_share:.0%} of the step"
+    assert metric(at, "Prefill of 2,048 tokens") == view.fmt_seconds(
+        P.prefill_seconds(layout, 2048))
+    assert metric(at, "KV capacity (tokens)") == f"{P.kv_capacity_tokens(layout):,}"
+    plan = cap.plan(layout, cap.Demand(prompt_tokens=2048), cap.Slo())
+    assert metric(at, "GPUs") == f"{plan.gpus:,}"
+    assert "4,000 tokens/s needed" in " ".join(m.value for m in at.markdown)
+
+
+def test_a_slower_link_and_a_roofline_model_say_where_numbers_come_from() -> None:
+    at = page(dc_link="pcie5")
+    captions = " ".join(c.value for c in at.caption)
+    assert "as measured on RTX PRO 6000" in captions
+    at = pick(at, dc_link="", dc_model="llama-2-70b", dc_tp=4)
+    captions = " ".join(c.value for c in at.caption)
+    assert "not in aiconfigurator-core's bundled models" in captions
+
+
+def test_the_capacity_preset_restores_the_seed_example() -> None:
+    at = page(dc_active=50, dc_connected=300)
+    assert "1,000 tokens/s needed" in " ".join(m.value for m in at.markdown)
+    at.button(key="dc_preset").click().run()
+    assert "4,000 tokens/s needed" in " ".join(m.value for m in at.markdown)
+
+
+def scenario_text(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if m.value.startswith("**TP=")]
+
+
+def test_the_scenario_gives_the_same_text_every_run() -> None:
+    shown = []
+    for _ in range(2):
+        at = page()
+        at.button(key="dc_scenario_button").click().run()
+        shown.append(scenario_text(at))
+    assert shown[0] == shown[1] and len(shown[0]) == 4
+    one, two, nvlink, pcie = shown[0]
+    assert "Does not fit" in one and "fits" in two
+    df = view.scenario_frame()
+    assert df["tokens_per_s"].iloc[2] > 1.5 * df["tokens_per_s"].iloc[3]  # NVLink vs PCIe
+    assert f"{df['comm_share'].iloc[3]:.0%}" in pcie
+
+
+# ---- chart builders ------------------------------------------------------------------
+def test_decode_chart_draws_measured_and_ideal() -> None:
+    choice = view.Choice(P.Layout("llama-3.1-8b", "h200_sxm", "vllm", tp=2), 1024, 8, 512)
+    df = view.decode_frame(choice)
+    assert set(df["kind"]) == set(charts.KINDS) and set(df["series"]) == set(charts.SERIES)
+    spec = charts.decode_chart(df, "t").to_dict()
+    assert spec["encoding"]["strokeDash"]["field"] == "kind"
+    top = max(df["batch"])
+    assert top == max(b for b in view.BATCH_GRID if b <= P.max_batch(choice.layout, 1024))
+    row = df[(df["batch"] == 8) & (df["kind"] == "measured") & (df["series"] == "total")]
+    assert row["tokens_per_s"].iloc[0] == pytest.approx(
+        8 / P.decode_step_seconds(choice.layout, 8, 1024))
+
+
+def test_breakdown_chart_stacks_the_parts() -> None:
+    choice = view.Choice(P.Layout("llama-3.1-70b", "b200_sxm", "sglang", tp=4), 2048, 32,
+                         1024)
+    df = view.breakdown_frame(choice)
+    spec = charts.breakdown_chart(df, "t").to_dict()
+    assert spec["encoding"]["x"]["stack"] == "zero"
+    measured = df[df["step"] == "decode, batch 32 — measured"].set_index("part")["ms"]
+    step = P.decode_step(choice.layout, 32, 2048)
+    assert measured["communication"] == pytest.approx(step.communication_s * 1e3)
+    assert measured.sum() == pytest.approx(step.seconds * 1e3)
+
+
+def test_local_and_scenario_charts() -> None:
+    choice = view.Choice(P.Layout("llama-3.1-70b", "h100_sxm", tp=8), 2048, 64, 2048)
+    df = view.local_frame(choice)
+    assert set(df["device"]) == {"RTX 4090 24 GB", "Apple M2 Max (64 GB unified)",
+                                 "Laptop CPU (DDR5-5600, 32 GB)"}
+    assert set(df["bound"]) == {"offload"}  # a 70B model fits none of them
+    spec = charts.local_chart(df, [0.01, 1e4]).to_dict()
+    assert spec["encoding"]["y"]["scale"]["domain"] == [0.01, 1e4]
+    scen = charts.scenario_chart(view.scenario_frame()).to_dict()
+    assert scen["title"] == "70B on 8 GPUs"
+    assert isinstance(view.links_frame(choice), pd.DataFrame)
