@@ -21,7 +21,7 @@ class Layout:
     """One replica: `gpus` devices running `model` with step times from `cost`."""
 
     name: str
-    model: str  # a measure.hardware model key
+    model: str | hardware.ModelProfile  # a measure.hardware key, or a model's shape
     cost: StepCost
     num_blocks: int
     weights_bytes: float

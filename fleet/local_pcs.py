@@ -35,7 +35,7 @@ class LocalFleet:
         return dict(self.__dict__)
 
 
-def local_fleet(model: str, device: str, users: int, context: int,
+def local_fleet(model: str | hardware.ModelProfile, device: str, users: int, context: int,
                 precision: str = "fp16") -> LocalFleet:
     """`users` PCs of `device` each running `model` for one user at `context` tokens."""
     if device not in LOCAL_POWER:

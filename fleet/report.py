@@ -67,7 +67,7 @@ def summary(result: FleetResult) -> dict[str, Any]:
         "scale_events": len(result.scale_events),
         "peak_in_system": max([s.waiting + s.running for s in result.samples], default=0),
         "steps": sum(r.stats.steps for r in result.replicas),
-        "wall_s": result.wall_s,
+        "wall_s": result.wall_s, "cpu_s": result.cpu_s,
     }
 
 
@@ -129,7 +129,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"{s['trace']} on {s['layout']}, router {s['router']}: "
         f"{s['simulated_s'] / 3600:.2f} simulated hours in {s['wall_s']:.1f} s "
-        f"({s['steps']:,} engine steps)",
+        f"({s['cpu_s']:.1f} s of CPU; {s['steps']:,} engine steps)",
         f"requests {s['requests']:,}: {s['finished']:,} finished, {s['dropped']:,} dropped; "
         f"{s['output_tokens']:,} output tokens, {s['throughput_tokens_per_s']:,.0f} tokens/s",
         f"TTFT p50 {s['ttft_p50_s'] * 1e3:,.0f} ms, p99 {s['ttft_p99_s'] * 1e3:,.0f} ms; "

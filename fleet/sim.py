@@ -73,6 +73,7 @@ class FleetResult:
     scale_events: list[tuple[float, int]]  # (time, +added / -removed)
     end_time: float
     wall_s: float
+    cpu_s: float  # this process's CPU time: steadier than wall time on a shared machine
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -159,7 +160,7 @@ class Fleet:
 
 def simulate(trace: Trace, config: FleetConfig, progress: Progress | None = None) -> FleetResult:
     """Run the whole trace and drain the fleet; `progress(share)` is called as it goes."""
-    t_wall = time.perf_counter()
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
     fleet = Fleet(config)
     reqs = [SimRequest(i, r, f"r{i}", synthetic_tokens(r, i))
             for i, r in enumerate(trace.requests)]
@@ -193,4 +194,4 @@ def simulate(trace: Trace, config: FleetConfig, progress: Progress | None = None
     if progress is not None:
         progress(1.0)
     return FleetResult(trace, config, reqs, samples, fleet.replicas, fleet.scale_events, end,
-                       time.perf_counter() - t_wall)
+                       time.perf_counter() - t_wall, time.process_time() - t_cpu)
