@@ -48,6 +48,7 @@ class SimRequest:
     req: TraceRequest
     key: str
     token_ids: list[int]
+    prompt: int = 0  # req.prompt_tokens, read on every step: a plain attribute
     replica: int = -1
     computed: int = 0
     produced: int = 0
@@ -58,13 +59,16 @@ class SimRequest:
     preemptions: int = 0
     dropped: str | None = None
 
+    def __post_init__(self) -> None:
+        self.prompt = self.req.prompt_tokens
+
     @property
     def arrival(self) -> float:
         return self.req.arrival
 
     @property
     def num_tokens(self) -> int:
-        return self.req.prompt_tokens + self.produced
+        return self.prompt + self.produced
 
     @property
     def ttft(self) -> float | None:
@@ -219,7 +223,7 @@ class Replica:
         if self.waiting and not self._admission_blocked and (
                 len(running) < self.layout.max_num_seqs):
             return False
-        return all(s.computed == s.num_tokens - 1 for s in running)
+        return all(s.computed == s.prompt + s.produced - 1 for s in running)
 
     def _plan_stretch(self) -> None:
         running, kv, bs = self.running, self.kv, self.layout.block_size
@@ -308,10 +312,11 @@ class Replica:
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
-            n = min(s.num_tokens - s.computed, budget)
-            cap = prefill_chunk_cap(s.computed, max_att)
-            if cap is not None and n > cap:
-                n = cap
+            n = min(s.prompt + s.produced - s.computed, budget)
+            if n > 1:  # a chunk cap is never below MIN_PREFILL_CHUNK: decodes skip it
+                cap = prefill_chunk_cap(s.computed, max_att)
+                if cap is not None and n > cap:
+                    n = cap
             table = tables.get(s.key)
             if table is None or len(table) * bs < s.computed + n:
                 while not kv.allocate(s.key, s.computed + n):
@@ -366,7 +371,7 @@ class Replica:
     def _schedule(self, entries: list[tuple[SimRequest, int]]) -> None:
         prefill = decode = ctx = 0
         for s, n in entries:
-            if n == 1 and s.computed + 1 == s.num_tokens:
+            if n == 1 and s.computed + 1 == s.prompt + s.produced:
                 decode += 1
             else:
                 prefill += n
@@ -381,8 +386,8 @@ class Replica:
         for s, n in p.entries:
             s.computed += n
             if s.produced == 0:
-                kv.record_computed(s.key, s.token_ids, min(s.computed, s.req.prompt_tokens))
-            if s.computed == s.num_tokens:
+                kv.record_computed(s.key, s.token_ids, min(s.computed, s.prompt))
+            if s.computed == s.prompt + s.produced:
                 s.produced += 1
                 tokens += 1
                 if s.first_token is None:
