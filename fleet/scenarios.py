@@ -27,6 +27,7 @@ from fleet.trace import (
     steady,
 )
 
+SPEED_LAYOUT = "Llama-3-8B on 1×H100 (roofline)"
 DAY_LAYOUT = ("llama-3.1-70b", "h100_sxm", 8)  # measured kernels (measure.projection)
 # a chat mix: a shared 600-token system prompt (one of 4 products) before each question
 CHAT_MIX = LengthMix(prompt=(50, 450), output=(100, 700), shared_prefix_tokens=600,
@@ -65,8 +66,8 @@ def day_of_1000_users(duration_s: float = DAY_S, layout: Layout | None = None,
 
 def speed_hour(layout: Layout | None = None, seed: int = 0) -> Scenario:
     """The speed benchmark: an hour of a 4,000 tokens/s service on 8 fixed replicas of
-    this machine."""
-    layout = layout or builtin_layouts()["this machine"]
+    Llama-3-8B on an H100 (roofline step times, ~10 ms a step: 3 million steps)."""
+    layout = layout or builtin_layouts()[SPEED_LAYOUT]
     trace = steady(4000.0, 3600.0, LengthMix(), seed)
     config = FleetConfig(layout, replicas=8, router="least_outstanding")
     return Scenario("speed", "An hour of 4,000 tokens/s on 8 replicas", trace, config)
