@@ -66,7 +66,7 @@ def day_of_1000_users(duration_s: float = DAY_S, layout: Layout | None = None,
 
 def speed_hour(layout: Layout | None = None, seed: int = 0) -> Scenario:
     """The speed benchmark: an hour of a 4,000 tokens/s service on 8 fixed replicas of
-    Llama-3-8B on an H100 (roofline step times, ~10 ms a step: 3 million steps)."""
+    Llama-3-8B, one H100 each (roofline step times, ~10 ms a step: 3 million steps)."""
     layout = layout or builtin_layouts()[SPEED_LAYOUT]
     trace = steady(4000.0, 3600.0, LengthMix(), seed)
     config = FleetConfig(layout, replicas=8, router="least_outstanding")
