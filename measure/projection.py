@@ -7,7 +7,8 @@ attention and NCCL kernels measured under TensorRT-LLM, vLLM and SGLang, summed 
 model's ops by its engine. It runs offline from its bundled data and only ever sees a model
 name it bundles (any other name would make it download a config). Our roofline
 (`measure.hardware.step_cost` plus `measure.interconnect`) is the "ideal" line beside it,
-and the whole answer for a model the package lacks (`Estimate.source == "roofline"`).
+and the whole answer for a model the package lacks (`StepTime.source == "roofline"`).
+What it covers is `measure.dc_catalogue`.
 
     Layout(model, system, backend, tp, pp, dtype, link)
       -> check()                         fits? or a one-line reason it cannot run
@@ -24,26 +25,19 @@ all stages, which is what `decode_step` reports. Handles are compiled once per l
 from __future__ import annotations
 
 import functools
-import json
-import logging
 import math
 import re
 from dataclasses import dataclass, replace
-from importlib import resources
 
 from measure import interconnect
-from measure.hardware import (
-    GB,
-    HARDWARE,
-    HardwareProfile,
-    ModelProfile,
-    step_cost,
-)
-from measure.hardware import (
-    MODELS as ROOFLINE_MODELS,
-)
+from measure.dc_catalogue import GIB, get_model, get_system, quiet
+from measure.dc_catalogue import DcModel as DcModel  # re-exported: part of this interface
+from measure.dc_catalogue import DcSystem as DcSystem
+from measure.dc_catalogue import models as models
+from measure.dc_catalogue import profile_from_config as profile_from_config
+from measure.dc_catalogue import systems as systems
+from measure.hardware import GB, step_cost
 
-GIB = 2**30
 TP_SIZES = (1, 2, 4, 8)
 PP_SIZES = (1, 2, 4)
 DTYPES = ("bf16", "fp8")
@@ -55,168 +49,6 @@ MEMORY_FRACTION = 0.9
 _FRACTION_KIND = {"trtllm": "of_free", "vllm": "of_total", "sglang": "of_total"}
 PREFILL_EFFICIENCY = 0.5  # the roofline's prefill: compute at half of peak (measure.hardware)
 _COMM_OP = re.compile(r"_ar(_\d+)?$|p2p")
-
-
-# ---- what the package covers -------------------------------------------------------
-@dataclass(frozen=True)
-class DcModel:
-    """A model as the projections need it; `aic_name` is the package's name (None: the
-    package lacks it, and the roofline answers alone)."""
-
-    key: str
-    name: str
-    aic_name: str | None
-    profile: ModelProfile  # for the roofline
-    num_heads: int
-
-    @property
-    def measured(self) -> bool:
-        return self.aic_name is not None
-
-
-@dataclass(frozen=True)
-class DcSystem:
-    """A datacenter GPU as aiconfigurator-core's system file describes it, per GPU."""
-
-    key: str  # the package's system name
-    name: str
-    memory_bytes: float
-    bandwidth_gbs: float
-    bf16_tflops: float
-    fp8_tflops: float | None  # None: no fp8 tensor cores
-    power_w: float  # board power
-    gpus_per_node: int
-    link: str  # `measure.interconnect` key of the link between its GPUs in a node
-    node_link: str  # ... and between nodes
-    source: str
-
-    def roofline_profile(self, gpus: int = 1, dtype: str = "bf16") -> HardwareProfile:
-        """`gpus` of these as one `measure.hardware` profile, all figures × gpus."""
-        tflops = self.fp8_tflops if dtype == "fp8" and self.fp8_tflops else self.bf16_tflops
-        link = interconnect.LINKS[self.link]
-        return HardwareProfile(f"{self.key}x{gpus}", f"{gpus}× {self.name}",
-                               gpus * self.memory_bytes / GIB, gpus * self.bandwidth_gbs,
-                               gpus * tflops, gpus * link.bandwidth_gbs, "gpu", self.source,
-                               local=False)
-
-
-# The package's bundled configs (model_configs/<org>--<name>_config.json) for dense models.
-_MEASURED_MODELS = {
-    "llama-3.1-8b": ("Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B"),
-    "qwen3-32b": ("Qwen3-32B", "Qwen/Qwen3-32B"),
-    "llama-3.1-70b": ("Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B"),
-    "llama-3.1-405b": ("Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B"),
-}
-# measure.hardware's models with a twin above (same shapes) are left out.
-_TWINS = {"llama-3-8b", "llama-3-70b", "llama-3.1-405b"}
-
-# name, datasheet; memory, bandwidth, FLOPs and power are read from the package's
-# systems/<key>.yaml, which takes them from these datasheets.
-_SYSTEMS = {
-    "a100_sxm": ("A100 SXM 80 GB", "nvlink3", "ib_hdr",
-                 "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB); "
-                 "https://www.nvidia.com/en-us/data-center/a100/"),
-    "h100_sxm": ("H100 SXM 80 GB", "nvlink4", "ib_ndr",
-                 "NVIDIA H100 Tensor Core GPU datasheet (SXM5); "
-                 "https://www.nvidia.com/en-us/data-center/h100/"),
-    "h200_sxm": ("H200 SXM 141 GB", "nvlink4", "ib_ndr",
-                 "NVIDIA H200 Tensor Core GPU datasheet (SXM); "
-                 "https://www.nvidia.com/en-us/data-center/h200/"),
-    "b200_sxm": ("B200 180 GB", "nvlink5", "ib_xdr",
-                 "NVIDIA HGX B200 datasheet (per GPU); "
-                 "https://www.nvidia.com/en-us/data-center/hgx/"),
-    "b300_sxm": ("B300 288 GB", "nvlink5", "ib_xdr",
-                 "NVIDIA HGX B300 datasheet (per GPU); "
-                 "https://www.nvidia.com/en-us/data-center/hgx/"),
-    "gb200": ("GB200 NVL72 (per GPU)", "nvlink5", "nvlink5",
-              "NVIDIA GB200 NVL72 datasheet; https://www.nvidia.com/en-us/data-center/gb200-nvl72/"),
-    "gb300": ("GB300 NVL72 (per GPU)", "nvlink5", "nvlink5",
-              "NVIDIA GB300 NVL72 datasheet; https://www.nvidia.com/en-us/data-center/gb300-nvl72/"),
-    "l40s": ("L40S 48 GB (PCIe)", "pcie4", "ib_ndr",
-             "NVIDIA L40S datasheet; https://www.nvidia.com/en-us/data-center/l40s/"),
-    "rtx_pro_6000_server": ("RTX PRO 6000 Blackwell Server 96 GB (PCIe)", "pcie5", "ib_ndr",
-                            "NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet; "
-                            "https://www.nvidia.com/en-us/data-center/rtx-pro-6000-blackwell-server-edition/"),
-}
-
-
-def _quiet() -> None:
-    """The package logs every fallback table it loads at WARNING; the page shows its own
-    provenance instead."""
-    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-
-
-@functools.cache
-def _bundled_config(aic_name: str) -> dict:
-    """A bundled model's config.json, read from the package's files (no download)."""
-    from aiconfigurator_core.sdk import common
-
-    if aic_name not in common.DefaultHFModels:
-        raise ValueError(f"model: {aic_name!r} is not bundled with aiconfigurator-core")
-    path = resources.files("aiconfigurator_core") / "model_configs" / (
-        aic_name.replace("/", "--") + "_config.json")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def profile_from_config(key: str, name: str, cfg: dict) -> ModelProfile:
-    """A roofline `ModelProfile` from a Hugging Face config.json of a dense decoder:
-    parameters counted from its shapes (embeddings, attention, gated MLP, norms, LM head)."""
-    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
-    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
-                                                           cfg["num_attention_heads"])
-    head_dim = cfg.get("head_dim") or h // heads
-    vocab, inter = cfg["vocab_size"], cfg["intermediate_size"]
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    attention = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
-    per_layer = attention + 3 * h * inter + 2 * h
-    params = layers * per_layer + h + vocab * h * (1 if tied else 2)
-    return ModelProfile(key, name, params, layers, h, kv_heads, head_dim,
-                        cfg.get("max_position_embeddings", 0), vocab, tied)
-
-
-@functools.cache
-def models() -> dict[str, DcModel]:
-    """Every model the page offers: the package's dense models, then `measure.hardware`'s
-    others (roofline only)."""
-    out: dict[str, DcModel] = {}
-    for key, (name, aic) in _MEASURED_MODELS.items():
-        cfg = _bundled_config(aic)
-        out[key] = DcModel(key, name, aic, profile_from_config(key, name, cfg),
-                           cfg["num_attention_heads"])
-    for key, m in ROOFLINE_MODELS.items():
-        if key not in _TWINS:
-            out[key] = DcModel(key, m.name, None, m, m.hidden_size // m.head_dim)
-    return dict(sorted(out.items(), key=lambda kv: kv[1].profile.params))
-
-
-@functools.cache
-def systems() -> dict[str, DcSystem]:
-    """The package's datacenter systems with measured data, figures from its system files."""
-    from aiconfigurator_core.sdk import perf_database
-
-    out = {}
-    for key, (name, link, node_link, source) in _SYSTEMS.items():
-        spec = perf_database.load_system_spec(key)
-        gpu, node = spec["gpu"], spec["node"]
-        fp8 = gpu.get("fp8_tc_flops")
-        out[key] = DcSystem(key, name, float(gpu["mem_capacity"]), gpu["mem_bw"] / GB,
-                            gpu["bfloat16_tc_flops"] / 1e12, fp8 / 1e12 if fp8 else None,
-                            float(gpu["power"]), int(node["num_gpus_per_node"]), link,
-                            node_link, f"{source} (figures as in aiconfigurator-core "
-                            f"systems/{key}.yaml)")
-    return out
-
-
-def get_model(key: str) -> DcModel:
-    if key not in models():
-        raise ValueError(f"model: unknown {key!r} (known: {', '.join(models())})")
-    return models()[key]
-
-
-def get_system(key: str) -> DcSystem:
-    if key not in systems():
-        raise ValueError(f"system: unknown {key!r} (known: {', '.join(systems())})")
-    return systems()[key]
 
 
 # ---- a layout ----------------------------------------------------------------------
@@ -338,6 +170,28 @@ def _structural(layout: Layout) -> str:
     if m.profile.layers % layout.pp:
         return (f"{m.name}'s {m.profile.layers} layers do not split into {layout.pp} equal "
                 f"pipeline stages.")
+    return _missing_data(_base(layout)) if m.measured else ""
+
+
+@functools.cache
+def _missing_data(layout: Layout) -> str:
+    """Why the package cannot answer for this layout ("" if it can): it has no measured
+    kernels for some op (e.g. SGLang's fp8-KV context attention on Hopper). Probed once per
+    layout with one decode step and one prefill."""
+    from aiconfigurator_core.sdk.errors import (
+        InterpolationDataNotAvailableError,
+        PerfDataNotAvailableError,
+    )
+
+    handle = _handle(_base(layout))
+    try:
+        handle.decode_step_per_op(1, 1024, 2)
+        handle.run_static_per_op(batch_size=1, isl=1024, osl=1)
+    except (PerfDataNotAvailableError, InterpolationDataNotAvailableError) as e:
+        what = str(e).removeprefix("perf database error: ").split(" for ")[0]
+        return (f"aiconfigurator-core has no measured data for {BACKENDS[layout.backend]} "
+                f"{layout.dtype} on {get_system(layout.system).name} ({what}): pick "
+                "another engine or dtype.")
     return ""
 
 
@@ -351,7 +205,7 @@ def _handle(layout: Layout):
     """The package's compiled engine for this layout (cached: compiling takes 0.2-2 s)."""
     from aiconfigurator_core.sdk import EngineHandle
 
-    _quiet()
+    quiet()
     m = get_model(layout.model)
     assert m.aic_name is not None, layout
     return EngineHandle.compile(m.aic_name, layout.system, layout.backend, **_aic_kwargs(layout))
@@ -388,7 +242,7 @@ def memory(layout: Layout) -> MemoryPerGpu:
         return _roofline_memory(layout)
     from aiconfigurator_core.sdk import estimate_kv_cache
 
-    _quiet()
+    quiet()
     try:
         r = estimate_kv_cache(
             get_model(layout.model).aic_name, layout.system, layout.backend,
@@ -554,7 +408,9 @@ def decode_step_seconds(layout: Layout, batch: int, context: int) -> float:
     if not layout.measured or layout.link is not None:
         return decode_step(layout, batch, context).seconds
     b = _micro_batch(layout, batch)
-    return _handle(layout).predict_decode_latency(b, max(context, 1)) / 1e3
+    # the same step `decode_step` sums op by op (the package's predict_decode_latency
+    # differs from it in the fifth digit)
+    return _handle(layout).decode_step_latency(b, max(context, 1), 2) / 1e3
 
 
 @functools.lru_cache(maxsize=16384)
@@ -664,11 +520,7 @@ def source_note(layout: Layout) -> str:
     else:
         via = (f"; its communication moved onto {interconnect.LINKS[layout.link].name} by "
                "the ring formula (no measured data there)")
+    s = get_system(layout.system)
     return (f"Measured kernels: aiconfigurator-core's {BACKENDS[layout.backend]} "
-            f"{_backend_version(layout.system, layout.backend)} data for "
-            f"{get_system(layout.system).name}{via}.")
-
-
-def local_profiles() -> list[HardwareProfile]:
-    """The PCs the page compares against, from `measure.hardware` (roofline only)."""
-    return [HARDWARE[k] for k in ("rtx4090", "m2_max", "laptop_cpu")]
+            f"{_backend_version(layout.system, layout.backend)} data for {s.name}, whose GPUs "
+            f"talk over {interconnect.LINKS[s.link].name}{via}.")

@@ -3,8 +3,6 @@ GPUs, memory per GPU, speed against batch, where a step's time goes, how many GP
 of users needs and what a token costs, from NVIDIA's measured kernel data
 (measure/projection.py), with our roofline beside it and for the local PCs."""
 
-import streamlit as st
-
 from ui import datacenter_view as view
 
 view.intro()
@@ -22,11 +20,8 @@ view.fit(choice)
 curves = view.decode(choice)
 
 # Where a step's time goes; the prompt's prefill and TTFT.
-parts, first = st.columns([3, 2], gap="large")
-with parts:
-    view.breakdown(choice)
-with first:
-    view.ttft(choice)
+view.breakdown(choice)
+view.ttft(choice)
 
 # The same all-reduces on NVLink, PCIe and InfiniBand.
 view.links(choice)

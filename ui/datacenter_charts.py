@@ -74,14 +74,15 @@ def breakdown_chart(df: pd.DataFrame, title: str) -> alt.Chart:
     df: columns `step` (the bar's label), `part` (`PARTS`), `ms`, and `order` (bar order).
     """
     parts = df.assign(part_order=[PARTS.index(p) for p in df["part"]])
-    return alt.Chart(parts, title=title).mark_bar(size=22).encode(
+    steps = list(dict.fromkeys(parts.sort_values("order")["step"]))
+    return alt.Chart(parts, title=title).mark_bar().encode(
         x=alt.X("ms:Q", title="milliseconds", stack="zero"),
-        y=alt.Y("step:N", title=None, sort=alt.SortField("order")),
+        y=alt.Y("step:N", title=None, sort=steps, axis=alt.Axis(labelLimit=240)),
         color=alt.Color("part:N", scale=PART_SCALE, title=None,
                         legend=alt.Legend(orient="bottom")),
         order=alt.Order("part_order:Q"),
         tooltip=["step:N", "part:N", alt.Tooltip("ms:Q", format=",.2f")],
-    ).properties(height=max(120, 34 * df["step"].nunique()))
+    ).properties(height=170 + 44 * len(steps))  # the height holds title, axis and legend
 
 
 def scenario_chart(df: pd.DataFrame) -> alt.Chart:
@@ -90,10 +91,11 @@ def scenario_chart(df: pd.DataFrame) -> alt.Chart:
 
     df: columns `step` (label), `tokens_per_s`, `order`.
     """
+    steps = list(df.sort_values("order")["step"])
     base = alt.Chart(df).encode(
-        y=alt.Y("step:N", title=None, sort=alt.SortField("order")),
+        y=alt.Y("step:N", title=None, sort=steps, axis=alt.Axis(labelLimit=320)),
         x=alt.X("tokens_per_s:Q", title="decode tokens/s in total at batch 64"))
     bars = base.mark_bar(size=26, color=DATACENTER_COLOR)
     text = base.mark_text(align="left", dx=6, color=INK, fontWeight="bold").encode(
         text=alt.Text("tokens_per_s:Q", format=",.0f"))
-    return alt.layer(bars, text, title="70B on 8 GPUs").properties(height=200)
+    return alt.layer(bars, text, title="70B on 8 GPUs").properties(height=100 + 40 * len(steps))

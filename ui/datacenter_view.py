@@ -89,10 +89,9 @@ def _model_label(key: str) -> str:
     return m.name if m.measured else f"{m.name} (roofline only)"
 
 
-def _link_label(key: str, system: str) -> str:
+def _link_label(key: str) -> str:
     if key == OWN_LINK:
-        own = interconnect.LINKS[P.get_system(system).link]
-        return f"its own: {own.name} (measured)"
+        return "the system's own (measured)"
     twin = P.MEASURED_ON.get(key)
     how = f"measured on {P.get_system(twin).name}" if twin else "ring formula"
     return f"{interconnect.LINKS[key].name} ({how})"
@@ -114,7 +113,7 @@ def controls() -> Choice:
         pp = e.radio("Pipeline parallel (PP)", P.PP_SIZES, key=KEY_PP, horizontal=True)
         dtype = f.radio("Weights and KV", P.DTYPES, key=KEY_DTYPE, horizontal=True)
         link = g.selectbox("Link between the TP GPUs", [OWN_LINK, *interconnect.LINKS],
-                           key=KEY_LINK, format_func=lambda k: _link_label(k, system))
+                           key=KEY_LINK, format_func=_link_label)
         h, i, j = st.columns(3)
         context = h.select_slider("Context (tokens per user)", CONTEXTS, key=KEY_CONTEXT)
         batch = i.select_slider("Batch (concurrent users)", BATCHES, key=KEY_BATCH)
@@ -125,15 +124,21 @@ def controls() -> Choice:
 
 # ---- memory --------------------------------------------------------------------------
 def fit(choice: Choice) -> None:
-    """Weights and KV per GPU, the KV capacity of a replica, and the verdict in one line."""
+    """The verdict in one line, then weights and KV per GPU and a replica's KV capacity."""
     layout = choice.layout
     st.subheader("Does it fit per GPU?")
     st.caption(P.source_note(layout))
-    verdict = choice.verdict
+    verdict, box = choice.verdict, st.container(key="dc-verdict")
     if not choice.runs:
-        st.error(verdict.reason)
+        box.error(verdict.reason)
         return
     mem, s = P.memory(layout), P.get_system(layout.system)
+    if verdict.ok:
+        box.success(f"Fits: {layout.label()} holds {mem.weights_bytes / GIB:,.1f} GiB of "
+                    f"weights per GPU of {s.memory_bytes / GIB:,.0f}, and KV cache for "
+                    f"{choice.batch} × {choice.context:,} tokens.")
+    else:
+        box.error(verdict.reason)
     a, b, c, d = st.columns(4)
     a.metric("Weights per GPU (GiB)", fmt_number(mem.weights_bytes / GIB))
     b.metric("KV cache per GPU (GiB)", fmt_number(mem.kv_bytes / GIB),
@@ -143,12 +148,6 @@ def fit(choice: Choice) -> None:
              help="Tokens of KV cache the whole replica holds")
     d.metric(f"Max batch at {choice.context:,} tokens",
              f"{P.max_batch(layout, choice.context):,}")
-    if verdict.ok:
-        st.success(f"Fits: {layout.label()} holds {mem.weights_bytes / GIB:,.1f} GiB of "
-                   f"weights per GPU of {s.memory_bytes / GIB:,.0f}, and KV cache for "
-                   f"{choice.batch} × {choice.context:,} tokens.")
-    else:
-        st.error(verdict.reason)
 
 
 # ---- decode ------------------------------------------------------------------------
@@ -188,7 +187,8 @@ def decode(choice: Choice) -> pd.DataFrame | None:
     b.metric(f"Tokens/s total (batch {batch})", fmt_number(batch / step.seconds))
     c.metric("Decode step", fmt_seconds(step.seconds),
              delta=f"ideal {fmt_seconds(ideal.seconds)}", delta_color="off")
-    d.metric("All-reduces + hops", f"{step.communication_share:.0%} of the step")
+    d.metric("Communication share of the step", f"{step.communication_share:.0%}",
+             help="The tensor-parallel all-reduces and the pipeline hops")
     df = decode_frame(choice)
     st.altair_chart(decode_chart(df, f"{layout.label()}, {ctx:,}-token context"),
                     width="stretch")
@@ -290,6 +290,14 @@ def links(choice: Choice) -> None:
             f"All-reduces per prefill (ms, {choice.prompt:,} tokens)", format="%.1f"),
         "pp_hop_us": st.column_config.NumberColumn("One pipeline hop (µs)", format="%.1f"),
         "source": "Source"})
+    if layout.pp > 1:
+        bubbles = ", ".join(f"{m} micro-batch{'es' * (m > 1)}: "
+                            f"{interconnect.pipeline_bubble(layout.pp, m):.0%}"
+                            for m in (1, layout.pp, 4 * layout.pp))
+        st.caption(f"PP={layout.pp}: a prefill split into m micro-batches leaves the stages "
+                   f"idle (p−1)/(m+p−1) of the time — {bubbles}. Decode keeps {layout.pp} "
+                   f"micro-batches in flight, so a batch of at least {layout.pp} has no "
+                   "bubble; one sequence leaves all but one stage idle.")
     s = P.get_system(layout.system)
     nodes = f"{layout.nodes} nodes of {s.gpus_per_node}" if layout.nodes > 1 else "one node"
     st.caption(f"This layout spans {nodes}; between nodes its pipeline hops go over "

@@ -23,6 +23,7 @@ import streamlit as st
 import torch
 
 from engine.memory.budget import GIB
+from measure import projection
 from measure.calibrate import Calibration, calibrate
 from measure.hardware import (
     BIG_BATCH,
@@ -273,6 +274,8 @@ def datasheet(choice: Choice) -> None:
     st.caption(f"**{h.name}**: {fmt_gib(h.memory_gb)} GiB, {fmt_number(h.bandwidth_gbs)} "
                f"GB/s memory bandwidth, {fmt_number(h.peak_tflops)} TFLOPS dense bf16/fp16, "
                f"{fmt_number(h.offload_bandwidth_gbs)} GB/s offload link. Source: {h.source}.")
+    if h.kind == "node":
+        node_note(choice)
     if cal is None:
         return
     a, b, c = st.columns(3)
@@ -286,6 +289,34 @@ def datasheet(choice: Choice) -> None:
                f"{cal.memory_gb:.1f} GiB free; offload link {h.offload_bandwidth_gbs:g} GB/s "
                f"({link}). Measured once per server process; a race running at the same "
                f"moment lowers these figures.")
+
+
+# The Datacenter page's model with the same shapes as a `measure.hardware` model.
+MEASURED_TWIN = {"llama-3-8b": "llama-3.1-8b", "llama-3-70b": "llama-3.1-70b",
+                 "llama-3.1-405b": "llama-3.1-405b"}
+
+
+def node_note(choice: Choice) -> None:
+    """The ×8 node adds up eight GPUs as if their all-reduces were free: set it beside the
+    measured 8-GPU tensor-parallel step where the package has the model."""
+    twin = MEASURED_TWIN.get(choice.model.key)
+    if twin is None or choice.precision != "fp16":
+        st.info("This node adds up 8 GPUs as if the all-reduces after every layer were "
+                "free. The Datacenter page projects tensor parallelism on measured kernels.")
+        return
+    layout = projection.Layout(twin, "h100_sxm", "trtllm", tp=8)
+    if not projection.check(layout, choice.context, choice.batch).ok:
+        st.info(f"This node adds up 8 GPUs as if the all-reduces were free; "
+                f"{projection.check(layout, choice.context, choice.batch).reason}")
+        return
+    step = projection.decode_step(layout, choice.batch, choice.context)
+    ideal = decode_tokens_per_s(choice.model, "fp16", choice.hw, choice.batch,
+                                choice.context).total
+    st.info(f"This node adds up 8 GPUs as if the all-reduces after every layer were free: "
+            f"{fmt_number(ideal)} tokens/s at batch {choice.batch}. On NVIDIA's measured "
+            f"kernels (TensorRT-LLM, TP=8, the Datacenter page) it is "
+            f"{fmt_number(choice.batch / step.seconds)} tokens/s, the all-reduces taking "
+            f"{step.communication_share:.0%} of each step.")
 
 
 def reference_tables(choice: Choice) -> None:

@@ -9,7 +9,7 @@ import math
 import pytest
 from aiconfigurator_core.sdk import EngineHandle
 
-from measure import hardware, interconnect
+from measure import dc_catalogue, hardware, interconnect
 from measure import projection as P
 
 L70 = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=8)
@@ -33,7 +33,11 @@ def test_wrapper_gives_the_package_s_own_numbers() -> None:
     layout = P.Layout("qwen3-32b", "b200_sxm", "vllm", tp=2, dtype="fp8")
     for batch in (1, 7, 100):
         assert P.decode_step_seconds(layout, batch, 900) == pytest.approx(
-            h.predict_decode_latency(batch, 900) / 1e3, rel=1e-9)
+            h.decode_step_latency(batch, 900, 2) / 1e3, rel=1e-9)
+        assert P.decode_step_seconds(layout, batch, 900) == pytest.approx(
+            h.predict_decode_latency(batch, 900) / 1e3, rel=1e-3)  # its other entry point
+        assert P.decode_step_seconds(layout, batch, 900) == pytest.approx(
+            P.decode_step(layout, batch, 900).seconds, rel=1e-12)
     assert P.prefill_seconds(layout, 3000) == pytest.approx(
         h.predict_prefill_latency(1, 3000) / 1e3, rel=1e-9)
     # the breakdown sums to the step the package reports with its per-op values
@@ -49,9 +53,9 @@ def test_pipeline_parallel_keeps_pp_micro_batches_in_flight() -> None:
                              tp_size=4, pp_size=2)
     # batch 8 -> two micro-batches of 4, each one pass through both stages
     assert P.decode_step_seconds(layout, 8, 2048) == pytest.approx(
-        h.predict_decode_latency(4, 2048) / 1e3)
+        h.decode_step_latency(4, 2048, 2) / 1e3)
     assert P.decode_step_seconds(layout, 1, 2048) == pytest.approx(
-        h.predict_decode_latency(1, 2048) / 1e3)  # one sequence cannot be split
+        h.decode_step_latency(1, 2048, 2) / 1e3)  # one sequence cannot be split
     assert P.decode_step(layout, 8, 2048).communication_s > 0  # all-reduces and the hop
 
 
@@ -118,6 +122,8 @@ def test_70b_needs_two_h100s() -> None:
     (P.Layout("smollm2-135m", "h100_sxm", tp=2), "9 attention heads do not split"),
     (P.Layout("llama-3.1-405b", "h100_sxm", tp=8, pp=4), "126 layers do not split"),
     (P.Layout("llama-3.1-70b", "a100_sxm", tp=8, dtype="fp8"), "no fp8 tensor cores"),
+    (P.Layout("llama-3.1-8b", "h100_sxm", "sglang", tp=8, dtype="fp8"),
+     "aiconfigurator-core has no measured data for SGLang fp8"),
 ])
 def test_impossible_layouts_say_why_in_one_line(layout: P.Layout, words: str) -> None:
     verdict = P.check(layout)
@@ -145,7 +151,7 @@ def test_a_model_the_package_lacks_falls_back_to_the_roofline() -> None:
 
 def test_an_unbundled_name_never_reaches_the_package() -> None:
     with pytest.raises(ValueError, match="not bundled"):
-        P._bundled_config("someone/not-a-bundled-model")
+        dc_catalogue.bundled_config("someone/not-a-bundled-model")
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64, 256])
@@ -177,3 +183,20 @@ def test_bad_layouts_name_the_field() -> None:
         P.Layout("llama-3.1-8b", "tpu_v5")
     with pytest.raises(ValueError, match="batch"):
         P.decode_step_seconds(L70, 0, 10)
+
+
+@pytest.mark.parametrize("system", list(P.systems()))
+def test_every_engine_and_dtype_answers_or_says_why(system: str) -> None:
+    """No combination the page offers reaches the package's own errors: either it answers,
+    or `check` gives a one-line reason (fp8 without fp8 tensor cores, an op the package
+    has no measured data for)."""
+    for backend in P.BACKENDS:
+        for dtype in P.DTYPES:
+            layout = P.Layout("llama-3.1-8b", system, backend, tp=2, dtype=dtype)
+            verdict = P.check(layout, 2048, 1)
+            if not verdict.ok:
+                assert verdict.reason and "\n" not in verdict.reason
+                continue
+            assert P.decode_step(layout, 16, 2048).seconds > 0
+            assert P.prefill(layout, 2048).seconds > 0
+            assert P.decode_step_seconds(layout, 300, 4000) > 0
