@@ -147,6 +147,7 @@ class LocalPC(ServingBase):
         check_fit(len(token_ids), p.max_tokens, self.n_ctx, "context window (n_ctx)")
 
     def _enqueue(self, request: Request) -> None:
+        request.seq.siblings = []  # served one after another: nothing forks from candidate 0
         self._queue.append(request)
 
     def _loop(self) -> None:
