@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from fleet import store
 from fleet.autoscaler import METRICS
 from fleet.local_pcs import LOCAL_POWER
 from fleet.router import ROUTERS
@@ -122,7 +123,8 @@ def controls() -> FleetParams | None:
 
 
 def _run(key: Any, make: Any, local_device: str) -> tuple[dict[str, Any], dict[str, list]]:
-    """The run of `key`, from the process-wide cache or simulated now with a progress bar."""
+    """The run of `key`, from the process-wide cache (the presenter's day also from disk,
+    fleet/store.py) or simulated now with a progress bar."""
     with _LOCK:
         if key in _RESULTS:
             return _RESULTS[key]
@@ -132,7 +134,12 @@ def _run(key: Any, make: Any, local_device: str) -> tuple[dict[str, Any], dict[s
     def show(share: float) -> None:
         bar.progress(min(share, 1.0), text=f"Simulating ... {share:.0%} of the requests")
 
-    out = run_scenario(scenario, local_device, show)
+    # the day is seeded and on measured kernels: the same run on every machine, kept on disk
+    if isinstance(key, tuple) and key[0] == DAY_KEY:
+        out = store.stored_run(repr((key, local_device)),
+                               lambda: run_scenario(scenario, local_device, show))
+    else:  # "this machine" layouts depend on this machine's measured steps
+        out = run_scenario(scenario, local_device, show)
     bar.empty()
     with _LOCK:
         _RESULTS[key] = out

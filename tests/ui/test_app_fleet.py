@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from fleet import store
 from fleet.scenarios import FleetParams, day_of_1000_users, run_scenario
 from ui import fleet_charts as charts
 from ui import fleet_view as view
@@ -18,10 +19,12 @@ SMALL = dict(trace="steady", tokens_per_s=600.0, hours=0.05)
 
 
 @pytest.fixture(autouse=True)
-def fresh_results(monkeypatch):
-    """Each test simulates afresh (the page keeps runs for the process) and the
-    presenter's day is cut to its first half hour (the night: a few thousand requests)."""
+def fresh_results(monkeypatch, tmp_path):
+    """Each test simulates afresh (the page keeps runs for the process, and the presenter's
+    day on disk: here in a folder of the test's own) and the presenter's day is cut to its
+    first half hour (the night: a few thousand requests)."""
     monkeypatch.setattr(view, "_RESULTS", {})
+    monkeypatch.setattr(store, "FOLDER", tmp_path / "fleet")
     monkeypatch.setattr(view, "DAY_HOURS", 0.5)
 
 
@@ -75,13 +78,25 @@ def test_a_bad_choice_is_a_readable_message() -> None:
         "Not started: trace: a CSV file is needed for the CSV trace"]
 
 
-def test_the_presenter_day_gives_the_same_figures_twice() -> None:
+def test_the_presenter_day_gives_the_same_figures_twice(monkeypatch) -> None:
     at = page()
     press(at, "A day of a 1,000-user service")
     first = [(m.label, m.value) for m in at.metric]
     assert first and any("1,000 connected" in md.value for md in at.markdown)
-    view._RESULTS.clear()  # simulated again, not read back
+    view._RESULTS.clear()
+    for kept in store.FOLDER.glob("*.json"):
+        kept.unlink()  # simulated again, not read back
     at.run()
+    assert [(m.label, m.value) for m in at.metric] == first
+    assert len(list(store.FOLDER.glob("*.json"))) == 1
+    view._RESULTS.clear()  # a new process: read back from disk, drawn the same
+
+    def not_simulated(*args, **kwargs):
+        raise AssertionError("the stored day is simulated again")
+
+    monkeypatch.setattr(view, "run_scenario", not_simulated)
+    at.run()
+    assert not at.exception, at.exception
     assert [(m.label, m.value) for m in at.metric] == first
 
 
