@@ -1,6 +1,7 @@
 # One command to set up and start the dashboard, one to set up and run the tests.
 #   make test         everything: lint, unit, model and browser tests (what CI runs)
-#   make test-fast    the inner loop: lint and the tests that need no model and no browser
+#   make test-fast    the inner loop: lint and the tests that need no model, no browser and
+#                     don't walk a whole table (`exhaustive`: every system, a whole day)
 #   make screenshots  refresh the README's screenshots in assets/ from the browser tests
 #   make compat       the remote side against llama.cpp's own server, built once (docs/compat.md)
 PY ?= python3
@@ -41,7 +42,7 @@ test: setup chromium compiler
 
 test-fast: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not model and not browser and not compat"
+	$(BIN)/python -m pytest -q -m "not model and not browser and not compat and not exhaustive"
 
 # llama.cpp's llama-server, llama-bench and llama-batched-bench from the llama-cpp-python
 # sdist, and the bundled model as a bf16 GGUF (its own converter), cached in

@@ -69,6 +69,7 @@ print(rss_mib() - full)
 """
 
 
+@pytest.mark.exhaustive
 def test_memory_stays_bounded_over_many_matmul_row_counts() -> None:
     """oneDNN keeps a primitive per matmul shape (bfloat16 on a CPU); importing the linear
     module bounds its caches, so once they are full, 300 more new row counts add nothing

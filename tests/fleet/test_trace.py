@@ -16,6 +16,7 @@ from fleet.trace import (
 )
 
 
+@pytest.mark.exhaustive
 def test_a_seeded_trace_is_the_same_every_time_and_follows_its_curve() -> None:
     a = poisson_day(2000.0, duration_s=6 * 3600, seed=3)
     assert a.requests == poisson_day(2000.0, duration_s=6 * 3600, seed=3).requests

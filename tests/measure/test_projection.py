@@ -185,6 +185,7 @@ def test_bad_layouts_name_the_field() -> None:
         P.decode_step_seconds(L70, 0, 10)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("system", list(P.systems()))
 def test_every_engine_and_dtype_answers_or_says_why(system: str) -> None:
     """No combination the page offers reaches the package's own errors: either it answers,

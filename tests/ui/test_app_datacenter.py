@@ -39,6 +39,7 @@ def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
 
+@pytest.mark.exhaustive
 def test_every_system_and_tp_renders() -> None:
     at = page()
     seen = set()

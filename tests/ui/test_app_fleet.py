@@ -78,6 +78,7 @@ def test_a_bad_choice_is_a_readable_message() -> None:
         "Not started: trace: a CSV file is needed for the CSV trace"]
 
 
+@pytest.mark.exhaustive
 def test_the_presenter_day_gives_the_same_figures_twice(monkeypatch) -> None:
     at = page()
     press(at, "A day of a 1,000-user service")
@@ -100,6 +101,7 @@ def test_the_presenter_day_gives_the_same_figures_twice(monkeypatch) -> None:
     assert [(m.label, m.value) for m in at.metric] == first
 
 
+@pytest.mark.exhaustive
 def test_the_presenter_scenario_repeats_exactly() -> None:
     a, sa = run_scenario(day_of_1000_users(1800.0))
     b, sb = run_scenario(day_of_1000_users(1800.0))
