@@ -21,6 +21,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "kv_cache": ("KV cache", ":material/grid_view:"),
     "hardware": ("Hardware", ":material/memory:"),
     "datacenter": ("Datacenter", ":material/dns:"),
+    "fleet": ("Fleet", ":material/hub:"),
 }
 
 

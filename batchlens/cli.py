@@ -10,6 +10,8 @@
     batchlens scenario [NAME] [...]  a scripted scenario with prefix caching on, then off
     batchlens race [...]             one race, headless: the arena page's numbers
     batchlens soak --minutes N       races and API streams against a local server for N min
+    batchlens fleet [...]            a day of a service: replicas, router, autoscaler (simulated)
+    batchlens fleet check            that simulation against the live engine, side by side
 
 Each command's module is imported only when it runs, so `batchlens --help` is instant.
 """
@@ -36,6 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("server.cli", "the OpenAI-compatible API alone, without the dashboard"),
     "soak": ("measure.soak", "minutes of races and API streams against a server on "
              "127.0.0.1: errors, TTFT, KV blocks held at the end, server RSS"),
+    "fleet": ("fleet.cli", "a day of a service on a simulated clock: replicas, a router and "
+              "an autoscaler (`fleet check`: against the live engine)"),
 }
 
 

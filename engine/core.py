@@ -15,8 +15,10 @@ handles. Every request is one `Request` (its sequence, detokenizer and generator
 finishing it is one removal from `requests`.
 
 Parallel sampling: a request with `SamplingParams.n` > 1 holds n `Candidate`s, each with
-its own sequence, detokenizer, generator and drafts; the scheduler forks them from the
-first one's prompt (engine/scheduler.py). Each candidate finishes on its own (an update
+its own sequence, detokenizer, generator and drafts. The first one computes the prompt;
+the step that ends it samples every candidate's first token from the prompt's last row
+(engine/runner.py), and `update` then forks the others from it (engine/scheduler.py), so
+the prompt's L tokens are computed once. Each candidate finishes on its own (an update
 tagged with its index); the request ends when every candidate has. Forked candidates
 share the prompt's blocks, and a shared partial block is copied on write: `execute`
 copies the batch's (src, dst) blocks in the KV tensors before the model runs.
@@ -63,7 +65,10 @@ class StepRunner(Protocol):
     def execute(
         self, entries: list[tuple[Sequence, int]], block_tables: dict[str, list[int]],
         generators: dict[str, torch.Generator | None],
-    ) -> dict[int, int | list[int]]: ...
+    ) -> dict[int, int | list[int]]:
+        """Entry index -> sampled token; the candidates waiting in the `siblings` of an
+        entry that completes its prompt come after the entries, under len(entries) + k."""
+        ...
 
 
 @dataclass(eq=False)
@@ -283,6 +288,7 @@ class EngineCore:
         eos, max_len = self.eos_token_ids, self.max_model_len
         updates: list[RequestUpdate | None] = []
         finished: list[tuple[int, Candidate, str]] = []  # freed after the step's KV stats
+        forking: list[Sequence] = []  # their prompt done: the other candidates fork now
         n_dec = n_tokens = n_draft = n_accepted = n_out = 0
         for i, (seq, n) in enumerate(entries):  # one pass: this runs for every request
             n_tokens += n
@@ -311,6 +317,8 @@ class EngineCore:
                 cand = cands[seq.request_id]
                 reason = append_token(seq, token, end, cand.detok, eos, max_len)
                 n_out += 1
+                if seq.siblings:
+                    forking.append(seq)
             detok = cand.detok
             if reason:
                 finished.append((len(updates), cand, reason))
@@ -322,6 +330,13 @@ class EngineCore:
                     limit = draft_limit(seq, max_len)
                     if limit > 0:
                         seq.spec_token_ids = cand.proposer.propose(seq.token_ids, limit)
+        key = len(entries)  # the forked candidates' tokens follow the entries'
+        for seq in forking:
+            for sib in self.scheduler.fork(seq):
+                self._first_token(self.candidates[sib.request_id], sampled[key], end,
+                                  updates, finished)
+                key += 1
+                n_out += 1
         self.num_output_tokens += n_out
         kvs = self.kv.stats()  # as the step left it, before finished requests free blocks
         self.steps.append(StepStats(
@@ -335,6 +350,23 @@ class EngineCore:
         for k, cand, reason in finished:
             updates[k] = self._finish(cand, reason)
         return updates  # type: ignore[return-value]  # every None was replaced
+
+    def _first_token(self, cand: Candidate, token: int, end: float,
+                     updates: list[RequestUpdate | None],
+                     finished: list[tuple[int, Candidate, str]]) -> None:
+        """A just-forked candidate's first token, as `update` takes any other token."""
+        seq, max_len = cand.seq, self.max_model_len
+        reason = append_token(seq, token, end, cand.detok, self.eos_token_ids, max_len)
+        if reason:
+            finished.append((len(updates), cand, reason))
+            updates.append(None)
+            return
+        updates.append(RequestUpdate(self.owners[seq.request_id], cand.detok.delta(),
+                                     len(seq.output_token_ids), index=cand.index))
+        if cand.proposer is not None:
+            limit = draft_limit(seq, max_len)
+            if limit > 0:
+                seq.spec_token_ids = cand.proposer.propose(seq.token_ids, limit)
 
     def _finish(self, cand: Candidate, reason: str, error: str | None = None) -> RequestUpdate:
         """End a candidate: free its blocks, build its final output, and the request's

@@ -128,7 +128,7 @@ class Engine(ServingBase):
                 num_output_tokens=core.num_output_tokens,
                 kv_bytes_per_token=per_token,
                 kv_reserved_bytes=kv.used_blocks * kv.block_size * per_token,
-                kv_used_bytes=kv.used_slots * per_token,
+                kv_used_bytes=self.kv.held_slots() * per_token,  # shared blocks once
                 max_num_running=sch.max_num_seqs,
                 num_preemptions=sch.num_preemptions,
                 num_steps=core.num_steps,

@@ -16,13 +16,13 @@ Prefix caching hashes each full block chained to its parent's hash,
 ``hash((parent_hash, tokens))``, and compares tokens and parent on a hit.
 
 Parallel sampling forks a request's prompt: `fork` gives each candidate the blocks of
-the prompt's first L-1 tokens by reference count. Full blocks are never written again;
-the last, partial block is (each candidate appends its own tokens there), so it is
-copied on write: the first `allocate` of a candidate holding a shared tail takes a fresh
-block, and the (src, dst) pair waits in `take_copies` for the step to copy its K/V::
+the prompt's L tokens by reference count. Full blocks are never written again; the last,
+partial block is (each candidate appends its own tokens there), so it is copied on
+write: the first `allocate` of a candidate holding a shared tail takes a fresh block, and
+the (src, dst) pair waits in `take_copies` for the step to copy its K/V::
 
-    prompt of 37 tokens, block size 16, n = 3, after the fork (36 tokens computed)
-    cand 0   [b0 b1 b2]          b0, b1 full: ref 3     b2 holds 4 of 16 slots: ref 3
+    prompt of 37 tokens, block size 16, n = 3, after the fork (37 tokens computed)
+    cand 0   [b0 b1 b2]          b0, b1 full: ref 3     b2 holds 5 of 16 slots: ref 3
     cand 1   [b0 b1 b2]
     cand 2   [b0 b1 b2]
     first writes: cand 0 copies b2 -> b7, cand 1 copies b2 -> b8, cand 2 writes b2 itself
@@ -326,6 +326,19 @@ class KVCacheManager:
             prefix_queries=self.prefix_queries,
             prefix_hits=self.prefix_hits,
         )
+
+    def held_slots(self) -> int:
+        """Token slots holding live requests' computed K/V, each block counted once however
+        many tables share it (`stats().used_slots` counts a shared block once per table:
+        what each request would hold alone)."""
+        bs, filled = self.block_size, {}
+        for rid, table in self.block_tables.items():
+            n = self._num_tokens.get(rid, 0)
+            for j, bid in enumerate(table[: -(-n // bs)]):
+                k = min(bs, n - j * bs)
+                if filled.get(bid, 0) < k:
+                    filled[bid] = k
+        return sum(filled.values())
 
     def snapshot(self) -> list[BlockInfo]:
         """Every block's state, ref count and owners, for the block map."""

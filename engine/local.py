@@ -15,10 +15,15 @@ lookup, engine/speculative.py): the drafts and the last token are one short chun
 contiguous cache; rejected drafts' K/V lie past `num_computed_tokens` and are overwritten
 later (the buffer is reserved whole, so nothing is freed).
 
-Parallel sampling (`SamplingParams.n` > 1) runs as a single-user runtime runs it: the
-candidates one after another, each processing the prompt again into its own contiguous
-n_ctx reservation (nothing is shared), each with its own generator seeded as on the
-engine (`engine.config.candidate_params`).
+Parallel sampling (`SamplingParams.n` > 1) runs as a single-user runtime with n slots
+runs it (llama.cpp's `--parallel n`): n contiguous n_ctx reservations, one per candidate,
+served one after another, each processing the prompt again into its own slot (nothing is
+shared), each with its own generator seeded as on the engine
+(`engine.config.candidate_params`). A finished candidate's slot keeps its K/V until the
+request ends, so the memory held is n prompts' worth::
+
+    n = 3   slot 0 = blocks 0 .. S-1   slot 1 = blocks S .. 2S-1   slot 2 = 2S .. 3S-1
+            reserved 3 x n_ctx while the request is served; S = n_ctx / 16
 
 With a device and model profile the local PC is *emulated*: it still computes real tokens
 with the bundled model but releases them no faster than the roofline projection for that
@@ -36,7 +41,7 @@ from engine.core import Candidate, Request, request_output
 from engine.models.loaded import LoadedModel
 from engine.outputs import append_token, make_output
 from engine.runner import ModelRunner
-from engine.sequence import Sequence, Status
+from engine.sequence import Status
 from engine.serving import ALL_STEPS, ServingBase, ServingStats, check_fit
 from engine.speculative import SpecDecodeStats, Speculation, append_verified, draft_limit
 
@@ -81,12 +86,11 @@ class LocalPC(ServingBase):
                 f"got {n_ctx}")
         self.n_ctx = n_ctx
         self.kv_bytes_per_token = arch.kv_bytes_per_token(self.loaded.model.dtype)
-        num_blocks = -(-n_ctx // LOCAL_BLOCK)
-        self.runner = ModelRunner(self.loaded.model, num_blocks, LOCAL_BLOCK)
-        self.runner.speculative = self.speculation is not None
+        self.slot_blocks = -(-n_ctx // LOCAL_BLOCK)  # one n_ctx reservation
+        self.num_slots = 1
+        self.runner = self._make_runner(1)
         self._queue: deque[Request] = deque()
         self._current: Request | None = None
-        self._current_seq: Sequence | None = None  # the candidate being served
         self._num_finished = self._num_output_tokens = 0
         self._start_loop(self._loop, "batchlens-local")
 
@@ -95,8 +99,10 @@ class LocalPC(ServingBase):
         """What is being served and queued, and the KV memory reserved for it (the local
         side records no per-step timeline, so `steps_after` is accepted and unused)."""
         with self._cond:
-            cur, seq = self._current, self._current_seq
-            used = seq.num_computed_tokens if seq is not None else 0
+            cur = self._current
+            # every candidate's slot holds its K/V until the request ends
+            used = sum(c.seq.num_computed_tokens for c in cur.candidates) if cur else 0
+            slots = len(cur.candidates) if cur is not None else 0
             per_token = self.kv_bytes_per_token
             return ServingStats(
                 **self._model_figures(),
@@ -107,7 +113,7 @@ class LocalPC(ServingBase):
                 num_finished=self._num_finished,
                 num_output_tokens=self._num_output_tokens,
                 kv_bytes_per_token=per_token,
-                kv_reserved_bytes=self.n_ctx * per_token if cur is not None else 0,
+                kv_reserved_bytes=slots * self.n_ctx * per_token,
                 kv_used_bytes=used * per_token,
                 max_num_running=1,
                 n_ctx=self.n_ctx,
@@ -123,10 +129,25 @@ class LocalPC(ServingBase):
         self.runner.release_kv()  # a finished race kept on screen holds no reservation
 
     # ---- internals -----------------------------------------------------------------
+    def _make_runner(self, slots: int) -> ModelRunner:
+        runner = ModelRunner(self.loaded.model, slots * self.slot_blocks, LOCAL_BLOCK)
+        runner.speculative = self.speculation is not None
+        return runner
+
+    def _reserve_slots(self, slots: int) -> None:
+        """Size the KV buffer to `slots` n_ctx reservations (one per candidate), as a
+        runtime started with that many slots holds them; the old buffer goes first."""
+        if slots != self.num_slots:
+            self.runner.release_kv()
+            self.num_slots = 0  # none, should the new buffer fail to allocate
+            self.runner = self._make_runner(slots)
+            self.num_slots = slots
+
     def _check_fits(self, token_ids: list[int], p: SamplingParams) -> None:
         check_fit(len(token_ids), p.max_tokens, self.n_ctx, "context window (n_ctx)")
 
     def _enqueue(self, request: Request) -> None:
+        request.seq.siblings = []  # served one after another: nothing forks from candidate 0
         self._queue.append(request)
 
     def _loop(self) -> None:
@@ -147,16 +168,18 @@ class LocalPC(ServingBase):
     def _serve(self, request: Request) -> None:
         """Serve each candidate in turn; a cancel or a failure ends the rest with it."""
         reason, error = None, None
-        for cand in request.candidates:
-            with self._cond:
-                self._current_seq = cand.seq
+        try:
+            self._reserve_slots(len(request.candidates))
+        except Exception as exc:  # e.g. out of memory: this request fails, the queue goes on
+            reason, error = "error", f"{type(exc).__name__}: {exc}"
+        for cand in request.candidates if error is None else ():
             reason, error = self._serve_one(request, cand)
             if reason in ("cancelled", "error"):
                 break
             with self._cond:
                 self._finish_candidate(request, cand, reason)
         with self._cond:
-            self._current = self._current_seq = None
+            self._current = None
             self._finish(request, reason, error)
 
     def _serve_one(self, request: Request, cand: Candidate) -> tuple[str, str | None]:
@@ -165,7 +188,8 @@ class LocalPC(ServingBase):
         seq, detok = cand.seq, cand.detok
         handle = request.handle.candidate(cand.index) if request.handle is not None else None
         gens = {seq.request_id: cand.generator}
-        table = {seq.request_id: list(range(self.runner.num_blocks))}
+        per = self.slot_blocks  # candidate i's own slot
+        table = {seq.request_id: list(range(cand.index * per, (cand.index + 1) * per))}
         eos = self.loaded.eos_token_ids
         seq.status = Status.RUNNING
         start = seq.metrics.first_scheduled_time = time.monotonic()

@@ -10,6 +10,12 @@ kernels need from the scheduled batch::
                                       PagedKernelBackend     the native CPU or Triton kernel
       then: prompt logprobs, sampling (greedy / sampled / draft verification), logprobs
 
+Parallel sampling: an entry that computes the last token of a prompt whose other
+candidates wait in its sequence's `siblings` is sampled once per candidate, from the one
+logits row of that position (`fork_rows`): the prompt is computed once, and each
+candidate's first token still comes from its own generator. Sibling k of the step (in
+entry order) comes back under entry index len(entries) + k.
+
 The backend is picked once, from the device and dtype: a paged-decode kernel where one
 serves (Triton on CUDA, the native kernel on a CPU), else plain torch. The flat inputs
 every backend shares (ids, positions, slot mapping, logits rows, the persistent block
@@ -39,6 +45,7 @@ from engine.sampler import (
     sample,
     token_histories,
 )
+from engine.sequence import Sequence
 
 Backend = TorchGroupedBackend | PagedKernelBackend
 
@@ -199,6 +206,11 @@ class ModelRunner:
         """Tokens from the sampled rows' logits (row r: entry `sampled[r]`), and their
         log-probabilities where asked. A batch with no logit_bias, penalty or logprobs
         takes the plain path: the greedy argmax reads the logits as they are."""
+        forks = fork_rows(entries, sampled)
+        if forks:  # the waiting candidates' first tokens, from their prompt's last row
+            logits = torch.cat([logits, logits[[r for r, _ in forks]]])
+            sampled = [*sampled, *range(len(entries), len(entries) + len(forks))]
+            entries = [*entries, *((sib, 0) for _, sib in forks)]
         seqs = [entries[i][0] for i in sampled]
         params = [s.params for s in seqs]
         raw = logits
@@ -217,3 +229,11 @@ class ModelRunner:
         if extra:
             record_sample_logprobs(raw, seqs, sampled, out)
         return out
+
+
+def fork_rows(entries: Entries, sampled: list[int]) -> list[tuple[int, Sequence]]:
+    """(logits row, candidate) for each candidate waiting to fork from a sequence whose
+    prompt this step completes (row r is entry `sampled[r]`'s last position), in entry
+    order, as the core reads them back (rows need not be in entry order)."""
+    rows = [(i, r) for r, i in enumerate(sampled) if entries[i][0].siblings]
+    return [(r, sib) for i, r in sorted(rows) for sib in entries[i][0].siblings]

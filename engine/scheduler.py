@@ -13,14 +13,13 @@ they take budget and blocks like prompt tokens, are trimmed to what the budget l
 and are dropped rather than preempt anyone when blocks run short.
 
 Parallel sampling: a request of n candidates is admitted once n slots of `max_num_seqs`
-are free, and its first candidate prefills the prompt but its last token (the others
-wait in its `siblings`). Then the others fork from it, sharing its blocks (see
-engine/kv_cache.py), and join the running list right after it; from there each candidate
-is a request of its own: it computes the last prompt token (which copies the shared tail
-block on write) and samples, and may be preempted and recomputed alone, its prompt then
-a prefix-cache hit where the blocks are still cached. When the prefix cache already
-holds all of the prompt but the last token, the candidates are simply admitted one after
-another, each with that hit.
+are free, and its first candidate prefills the whole prompt (the others wait in its
+`siblings`). The step that computes the prompt's last token samples every candidate's
+first token from that one logits row, each with its own generator (engine/runner.py);
+then `fork` gives the others the first one's blocks (see engine/kv_cache.py) and puts
+them in the running list right after it. From there each candidate is a request of its
+own: its first write copies the shared tail block, and it may be preempted and
+recomputed alone, its prompt then a prefix-cache hit where the blocks are still cached.
 """
 
 from __future__ import annotations
@@ -95,16 +94,12 @@ class Scheduler:
         shared = self.kv.shared_tails
         while i < len(running) and budget > 0:
             seq = running[i]
-            if seq.siblings and seq.num_computed_tokens == len(seq.prompt_token_ids) - 1:
-                self._fork(seq, i)
             computed = seq.num_computed_tokens
             drafts = seq.spec_token_ids  # speculative decoding: verified with the last token
             n = min(seq.num_tokens - computed + len(drafts), budget)
             cap = prefill_chunk_cap(computed, self.max_prefill_attention)
             if cap is not None and n > cap:
                 n = cap
-            if seq.siblings:  # its candidates fork before the last prompt token
-                n = min(n, len(seq.prompt_token_ids) - 1 - computed)
             if drafts:
                 n = self._fit_drafts(seq, n)
             table = tables.get(seq.request_id)
@@ -143,14 +138,10 @@ class Scheduler:
             if lookup and seq.num_computed_tokens == 0:
                 hits = self.kv.find_cached_prefix(seq.token_ids)
             num_cached = len(hits) * self.kv.block_size
-            if seq.siblings and num_cached >= len(seq.prompt_token_ids) - 1:
-                self._release_siblings(seq)  # each will take the same hit: nothing to fork
             n = min(seq.num_tokens - num_cached, budget)
             cap = prefill_chunk_cap(num_cached, self.max_prefill_attention)
             if cap is not None and n > cap:
                 n = cap
-            if seq.siblings:
-                n = min(n, len(seq.prompt_token_ids) - 1 - num_cached)
             if not self.kv.allocate(seq.request_id, num_cached + n, hits):
                 break
             if lookup:
@@ -166,26 +157,24 @@ class Scheduler:
             budget -= n
         return batch
 
-    def _fork(self, seq: Sequence, i: int) -> None:
-        """Fork `seq`'s waiting candidates from it, its prompt but the last token computed:
-        they share its blocks and run right after it (at `running[i + 1:]`)."""
-        computed = seq.num_computed_tokens
-        for j, sib in enumerate(seq.siblings):
+    def fork(self, seq: Sequence) -> list[Sequence]:
+        """Fork `seq`'s waiting candidates from it once its whole prompt is computed (their
+        first tokens are sampled from its last row): they share its blocks and run right
+        after it in `running`. The forked candidates, in order."""
+        computed = len(seq.prompt_token_ids)
+        assert seq.num_computed_tokens == computed, "candidates fork after the prompt"
+        at = self.running.index(seq) + 1
+        siblings, seq.siblings = seq.siblings, []
+        for j, sib in enumerate(siblings):
             self.kv.fork(seq.request_id, sib.request_id, computed)
             sib.num_computed_tokens = computed
             sib.num_cached_tokens = seq.num_cached_tokens
-            sib.prompt_logprobs[:] = seq.prompt_logprobs  # complete but the last token's
+            sib.prompt_logprobs[:] = seq.prompt_logprobs
             sib.status = Status.RUNNING
             if sib.metrics.first_scheduled_time is None:
                 sib.metrics.first_scheduled_time = seq.metrics.first_scheduled_time
-            self.running.insert(i + 1 + j, sib)
-        seq.siblings = []
-
-    def _release_siblings(self, seq: Sequence) -> None:
-        """Queue `seq`'s candidates as requests of their own, right after it."""
-        for j, sib in enumerate(seq.siblings):
-            self.waiting.insert(1 + j, sib)
-        seq.siblings = []
+            self.running.insert(at + j, sib)
+        return siblings
 
     def _fit_drafts(self, seq: Sequence, n: int) -> int:
         """Trim a request's drafts to the `n` tokens the budget gives it, and drop them when

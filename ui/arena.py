@@ -31,6 +31,7 @@ TITLES = {"local": f"{SIDE_NAMES['local']} — one user at a time",
 OTHERS = ("varied prompts", "the same prompt")
 KEY_SCENARIO = "arena_scenario"  # the scripted scenario last started, if any
 MAX_USERS, MAX_TOKENS = 64, 1024  # the page's ranges (the admin's caps may be lower)
+MAX_ANSWERS = 8  # answers per user (SamplingParams.n); the engine takes up to 16
 ENDED = ("stopped", "abandoned")
 PRESENTER_ANSWER_PX = 110  # the answer's box in presenter mode: both panels on one screen
 NO_PACE = "this machine's real speed"
@@ -90,6 +91,11 @@ def controls() -> None:
                                     help="You plus others who press Enter at the same moment.")
         max_tokens = inputs.whole_number("Max tokens", 1, MAX_TOKENS, 64,
                                          key="arena_max_tokens", disabled=running, where=b)
+        answers = inputs.whole_number(
+            "Answers per user", 1, MAX_ANSWERS, 1, key="arena_n", disabled=running,
+            help="Candidates per request (n). The datacenter computes the prompt once and "
+                 "its answers share the prompt's KV blocks; the local PC writes them one "
+                 "after another, each with the prompt again in an n_ctx window of its own.")
         st.slider("Temperature", 0.0, 1.5, 0.0, 0.1, key="arena_temperature", disabled=running)
         st.radio("The other users send", OTHERS, key="arena_others", horizontal=True,
                  disabled=running)
@@ -102,7 +108,7 @@ def controls() -> None:
                      "projection of a bigger model on consumer hardware (measure/hardware.py); "
                      "the label says so wherever its figures appear.")
     empty = not ss["arena_prompt"].strip()
-    bad = users is None or max_tokens is None
+    bad = users is None or max_tokens is None or answers is None
     hint = SLOT.buttons("arena_stop", on_run=_on_run, run_key="arena_run",
                         run_disabled=empty or bad)
     if empty:
@@ -143,14 +149,16 @@ def _use_preset() -> None:
 def _on_run() -> None:
     ss = st.session_state
     if (inputs.range_error("Users", ss["arena_users"], 1, MAX_USERS)
-            or inputs.range_error("Max tokens", ss["arena_max_tokens"], 1, MAX_TOKENS)):
+            or inputs.range_error("Max tokens", ss["arena_max_tokens"], 1, MAX_TOKENS)
+            or inputs.range_error("Answers per user", ss.get("arena_n", 1), 1, MAX_ANSWERS)):
         return  # Run is disabled then; a stale click does nothing
     prompts, you = user_prompts(
         ss["arena_prompt"], int(ss["arena_users"]), ss["arena_others"] == OTHERS[0],
         bool(ss["arena_you_last"]), load_prompts().others)
     SLOT.start(lambda: _race(
         prompts, SamplingParams(max_tokens=int(ss["arena_max_tokens"]),
-                                temperature=float(ss["arena_temperature"])),
+                                temperature=float(ss["arena_temperature"]),
+                                n=int(ss.get("arena_n", 1))),
         you, EMULATIONS.get(ss.get("arena_pace", NO_PACE)),
         spec_local=bool(ss.get("arena_spec_local")), spec_dc=bool(ss.get("arena_spec_dc"))))
 
@@ -196,7 +204,7 @@ def start_scenario(key: str) -> None:
     ss = st.session_state
     ss["arena_prompt"] = sc.prompts[0][-1]["content"]
     ss["arena_users"], ss["arena_max_tokens"] = sc.num_users, sc.max_tokens
-    ss["arena_temperature"] = 0.0
+    ss["arena_temperature"], ss["arena_n"] = 0.0, 1
     ss["arena_spec_local"] = ss["arena_spec_dc"] = False  # the scenarios run without it
     ss["arena_pace"] = next((k for k, v in EMULATIONS.items() if v == sc.emulation), NO_PACE)
     ss[KEY_SCENARIO] = key
@@ -271,8 +279,33 @@ def side_panel(view: SideView, snap: RaceSnapshot, note: str | None = None) -> N
             f.metric("Users ahead of you", _place(view))
         if view.acceptance_rate is not None:
             st.caption(speculation_line(view))
-        st.code(view.your_text or " ", language=None, wrap_lines=True,
-                height=PRESENTER_ANSWER_PX if presenter.is_on() else 180)
+        your_answers(view)
+
+
+def your_answers(view: SideView) -> None:
+    """Your answer as plain text; with several answers per user, one tab per answer and a
+    line on how this side holds their KV cache."""
+    if len(view.your_answers) < 2:
+        st.code(view.your_text or " ", language=None, wrap_lines=True, height=_answer_px())
+        return
+    st.caption(answers_line(view.side, len(view.your_answers)))
+    tabs = st.tabs([f"Answer {i}" for i in range(1, len(view.your_answers) + 1)])
+    for tab, text in zip(tabs, view.your_answers, strict=True):
+        tab.code(text or " ", language=None, wrap_lines=True, height=_answer_px())
+
+
+def answers_line(side: str, n: int) -> str:
+    """How a side holds the KV cache of one user's `n` answers, in words."""
+    if side == "local":
+        return (f"{n} answers, one after another: each processes the prompt again into an "
+                f"n_ctx window of its own, so {n} × n_ctx is reserved and the prompt is "
+                f"held {n} times.")
+    return (f"{n} answers at once: the prompt is computed once and its KV blocks are "
+            f"shared by all {n} (reference counts), each answer adding only its own blocks.")
+
+
+def _answer_px() -> int:
+    return PRESENTER_ANSWER_PX if presenter.is_on() else 180
 
 
 def presenter_figures(view: SideView, snap: RaceSnapshot) -> None:

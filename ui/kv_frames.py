@@ -207,3 +207,50 @@ def waste_frame(lengths: Sequence[int], block_sizes: Sequence[int], chosen: int)
                      "label": f"block size {bs}: {waste:.1%} empty" if bs == chosen else "",
                      "label_side": "left" if 2 * i < len(block_sizes) else "right"})
     return pd.DataFrame.from_records(rows, columns=WASTE_COLUMNS)
+
+
+# ---- blocks shared between block tables ----------------------------------------------------
+@dataclass(frozen=True)
+class KVShared:
+    """What sharing blocks between block tables saves: the blocks the tables would hold as
+    separate copies, minus the distinct blocks they hold."""
+
+    separate_blocks: int
+    held_blocks: int
+    block_bytes: int
+
+    @property
+    def saved_bytes(self) -> int:
+        return (self.separate_blocks - self.held_blocks) * self.block_bytes
+
+    @property
+    def saved_share(self) -> float:
+        return 1 - self.held_blocks / self.separate_blocks if self.separate_blocks else 0.0
+
+    @property
+    def line(self) -> str:
+        return f"KV shared: {self.saved_bytes / 2**20:.1f} MiB saved ({self.saved_share:.0%})"
+
+
+def kv_shared(reserved_slots: int, used_blocks: int, block_size: int,
+              bytes_per_token: int) -> KVShared | None:
+    """The saving of shared blocks (prefix-cache hits, forked candidates) from a pool's
+    counts: `reserved_slots` counts a shared block once per table, `used_blocks` once. None
+    when no block is shared."""
+    separate = reserved_slots // block_size
+    if separate <= used_blocks:
+        return None
+    return KVShared(separate, used_blocks, block_size * bytes_per_token)
+
+
+def peak_kv_shared(steps: Iterable[StepStats], num_blocks: int, block_size: int,
+                   bytes_per_token: int) -> KVShared | None:
+    """The largest saving any of `steps` left (from each step's reserved slots and
+    usage), or None when no step shared a block."""
+    best = None
+    for s in steps:
+        k = kv_shared(s.kv_reserved_slots, round(s.kv_usage * num_blocks), block_size,
+                      bytes_per_token)
+        if k is not None and (best is None or k.saved_bytes > best.saved_bytes):
+            best = k
+    return best

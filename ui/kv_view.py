@@ -134,7 +134,8 @@ def _scenario_card(key: str, running: bool) -> None:
     bs = st.select_slider("Block size (tokens)", BLOCK_SIZES, cfg.block_size,
                           key=f"kv_block_{key}", disabled=running)
     pool = scenario_config(sc, int(bs))
-    st.caption(f"{sc.num_users} users · pool {pool.num_kv_blocks:,} blocks × {bs} tokens "
+    who = _count(sc.num_users, "user") + (f" × {sc.n} answers" if sc.n > 1 else "")
+    st.caption(f"{who} · pool {pool.num_kv_blocks:,} blocks × {bs} tokens "
                f"(the same {pool.num_kv_blocks * bs:,} token slots at every block size)")
     st.button("Run", type="primary", key=f"kv_run_{key}", on_click=_on_run, args=(key,),
               disabled=running, width="stretch")
@@ -177,6 +178,7 @@ def _live_view(job: ScenarioJob | None) -> None:
     paged, contiguous = st.columns(2, gap="large")
     with paged:
         block_map(blocks, kv)
+        shared_line(kv, stats.kv_bytes_per_token)
     with contiguous:
         contiguous_layout(blocks, kv)
     draw("steps", kv_frames.step_frame(stats.recent_steps, stats.num_steps))
@@ -213,6 +215,16 @@ def block_map(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
     columns = kv_frames.map_columns(kv.num_blocks)
     draw(f"block_map-{columns}", kv_frames.block_map_frame(blocks),
          presenter.figure_height(PRESENTER_MAP_PX))
+
+
+def shared_line(kv: KVCacheStats, bytes_per_token: int) -> None:
+    """"KV shared: X MiB saved (Y%)" while blocks are shared between block tables."""
+    saving = kv_frames.kv_shared(kv.reserved_slots, kv.used_blocks, kv.block_size,
+                                 bytes_per_token)
+    if saving is not None:
+        with st.container(key="kv-shared"):
+            st.markdown(f"**{saving.line}** — {saving.separate_blocks:,} blocks as "
+                        f"separate copies, {saving.held_blocks:,} held.")
 
 
 def contiguous_layout(blocks: list[BlockInfo], kv: KVCacheStats) -> None:
@@ -282,6 +294,11 @@ def result_line(job: ScenarioJob) -> None:
             f"{'on' if cfg.enable_prefix_caching else 'off'}): prefix-cache hit rate "
             f"{res.hit_rate:.0%} · median TTFT {ttft} · {_count(res.preemptions, 'preemption')} · "
             f"{len(res.outputs)} requests")
+    fs = job.final_stats
+    peak = None if fs is None else kv_frames.peak_kv_shared(
+        fs.recent_steps, job.engine.kv.num_blocks, cfg.block_size, fs.kv_bytes_per_token)
+    if peak is not None:
+        line += f" · at its peak, {peak.line}"
     with st.container(key="kv-result"):
         if res.stopped:
             st.warning(f"Stopped: the rest was cancelled and its blocks freed. {line}")
@@ -329,10 +346,13 @@ def answers(job: ScenarioJob) -> None:
     """Every user's answer, as plain text."""
     if job.result is None or not job.result.outputs:
         return
-    with st.expander(f"Answers ({len(job.result.outputs)} users)"):
-        st.code("\n".join(f"user {i}: {o.text.strip()}"
-                          for i, o in enumerate(job.result.outputs)),
-                language=None, wrap_lines=True)
+    outs = job.result.outputs
+    with st.expander(f"Answers ({len(outs)} users)"):
+        st.code("\n".join(
+            f"user {i}: {a.text.strip()}" if len(o.answers) == 1
+            else f"user {i}, answer {j + 1}: {a.text.strip()}"
+            for i, o in enumerate(outs) for j, a in enumerate(o.answers)),
+            language=None, wrap_lines=True)
 
 
 def how_measured() -> None:

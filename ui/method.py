@@ -73,7 +73,9 @@ def race_setup(race: Race) -> dict[str, str]:
         "datacenter": _datacenter(dc),
         "local PC": _local(loc),
         "sampling": f"max_tokens={p.max_tokens}, temperature={p.temperature}, per-user seed "
-                    "(same tokens on both sides)",
+                    "(same tokens on both sides)"
+                    + (f"; n={p.n} answers per user, answer i seeded seed + i" if p.n > 1
+                       else ""),
         "shared engine": "other browser sessions' requests share the datacenter engine and "
                          "the cores; the status strip shows them",
     }

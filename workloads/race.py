@@ -16,6 +16,9 @@ side is done, moves on to the next. `snapshot()` returns a copy, safe from any t
 `connected` check (if given) false, the race cancels its own requests; a closed browser tab
 (`connected` false for half a second) cancels them at once. Every figure comes from `engine.metrics`; the series are kept whole (the page
 thins them for its charts) and the page words the summary.
+
+With `SamplingParams.n` > 1 every user gets n answers: each side's figures count every
+candidate's tokens, and the view carries your n answers (`SideView.your_answers`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class SideView:
     users_ahead_of_you: int | None  # in the side's queue; 0 = being served; None = done
     acceptance_rate: float | None = None  # speculative drafts accepted (None: no drafts)
     mean_accepted_length: float | None = None  # tokens per verification step
+    your_answers: tuple[str, ...] = ()  # n > 1: each of your candidates' text so far
 
     @classmethod
     def idle(cls, side: str, num_users: int = 0) -> SideView:
@@ -218,7 +222,7 @@ class Race(BackgroundJob):
         self._check_outputs(side.name, outputs)
         with self._lock:
             side.outputs, side.t_end = outputs, time.monotonic()
-            side.summary = summarize([o.metrics for o in outputs])
+            side.summary = summarize([a.metrics for o in outputs for a in o.answers])
             if side.spec_decode is not None:  # exact, from this race's own requests
                 side.spec_decode = SpecDecodeStats(sum(o.num_drafts for o in outputs),
                                             sum(o.num_draft_tokens for o in outputs),
@@ -238,9 +242,12 @@ class Race(BackgroundJob):
         """Drain streamed text and record one point of every series."""
         for h in side.handles:
             h.poll()
+            if len(h.candidates) > 1:  # n > 1: each candidate streams on its own handle
+                for c in h.candidates:
+                    c.poll()
         now = time.monotonic()
         t = now - side.t0
-        tokens = sum(h.num_tokens for h in side.handles)
+        tokens = sum(map(_tokens, side.handles))
         stats = side.server.stats(steps_after=max(side.t0, side.last_step_start))
         reserved, used = stats.kv_reserved_bytes, stats.kv_used_bytes
         steps = list(stats.recent_steps)
@@ -257,7 +264,7 @@ class Race(BackgroundJob):
                 side.spec_decode = SpecDecodeStats(s.num_drafts - s0.num_drafts,
                                             s.num_draft_tokens - s0.num_draft_tokens,
                                             s.num_accepted_tokens - s0.num_accepted_tokens)
-            if side.first_token_seen is None and you.num_tokens > 0:
+            if side.first_token_seen is None and _tokens(you) > 0:
                 side.first_token_seen = now
             self._tokens.append({"side": side.name, "t": t, "tokens": tokens})
             self._kv.append({"side": side.name, "t": t, "kind": "reserved", "bytes": reserved})
@@ -269,7 +276,7 @@ class Race(BackgroundJob):
 
     def _replace_token_series(self, side: _Side, outputs: list[RequestOutput]) -> None:
         """Swap the sampled token curve for the exact one from the token timestamps."""
-        times = sorted(t for o in outputs for t in o.metrics.token_times)
+        times = sorted(t for o in outputs for a in o.answers for t in a.metrics.token_times)
         exact = [{"side": side.name, "t": 0.0, "tokens": 0}]
         exact += [{"side": side.name, "t": t - side.t0, "tokens": i + 1}
                   for i, t in enumerate(times)]
@@ -283,7 +290,7 @@ class Race(BackgroundJob):
         done = side.outputs is not None
         elapsed = (side.t_end or now) - side.t0
         you = side.handles[self.you]
-        total = sum(h.num_tokens for h in side.handles)
+        total = sum(map(_tokens, side.handles))
         if done:
             mine = side.outputs[self.you].metrics
             your_ttft, your_tps = mine.ttft, mine.tokens_per_s
@@ -291,15 +298,18 @@ class Race(BackgroundJob):
         else:
             seen = side.first_token_seen
             your_ttft = seen - side.t0 if seen is not None else None
-            your_tps = you.num_tokens / elapsed if you.num_tokens and elapsed > 0 else None
+            mine_now = you.candidate(0).num_tokens
+            your_tps = mine_now / elapsed if mine_now and elapsed > 0 else None
             total_tps = total / elapsed if elapsed > 0 else None
         finished = sum(1 for h in side.handles
                        if h.done and h.result().finish_reason in ("stop", "length"))
         spec_decode = side.spec_decode
-        return SideView(side.name, n, True, done, elapsed, you.text, your_ttft, your_tps,
-                        total, total_tps, finished, None if you.done else side.users_ahead,
+        answers = tuple(c.text for c in you.candidates) if len(you.candidates) > 1 else ()
+        return SideView(side.name, n, True, done, elapsed, you.candidate(0).text, your_ttft,
+                        your_tps, total, total_tps, finished,
+                        None if you.done else side.users_ahead,
                         spec_decode.acceptance_rate if spec_decode else None,
-                        spec_decode.mean_accepted_length if spec_decode else None)
+                        spec_decode.mean_accepted_length if spec_decode else None, answers)
 
     @staticmethod
     def _users_ahead(you: RequestHandle, waiting_ids: tuple[str, ...],
@@ -324,7 +334,8 @@ class Race(BackgroundJob):
                 rows.append({
                     "side": side.name, "user": user, "you": user == self.you,
                     "ttft_s": m.ttft, "tpot_s": m.tpot, "e2e_s": m.e2e,
-                    "queue_s": m.queue_time, "tokens": len(out.token_ids),
+                    "queue_s": m.queue_time,
+                    "tokens": sum(len(a.token_ids) for a in out.answers),
                     "tokens_per_s": m.tokens_per_s, "finish_reason": out.finish_reason,
                 })
         return rows
@@ -336,6 +347,12 @@ class Race(BackgroundJob):
         if not (dc.throughput > 0 and loc.throughput > 0):
             return None
         return dc.throughput / loc.throughput
+
+
+def _tokens(handle: RequestHandle) -> int:
+    """Tokens streamed so far for a request: every candidate's (n > 1 streams each on its
+    own handle; for n = 1 the request's handle is its only candidate)."""
+    return sum(c.num_tokens for c in handle.candidates)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") -> int:

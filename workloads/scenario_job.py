@@ -60,14 +60,19 @@ class ScenarioJob(BackgroundJob):
         self._handles: list[RequestHandle] = []
 
     def lengths(self) -> list[int]:
-        """Token length (prompt + output so far) of every request submitted so far."""
+        """Token length (prompt + output so far) of every answer submitted so far (one per
+        request, n for a request of n candidates)."""
         if self.result is not None:
-            return [len(o.prompt_token_ids) + len(o.token_ids) for o in self.result.outputs]
+            return [len(o.prompt_token_ids) + len(a.token_ids)
+                    for o in self.result.outputs for a in o.answers]
         with self._lock:
             handles = list(self._handles)
+        out = []
         for h in handles:
-            h.poll()  # nobody else reads these handles; this updates num_tokens
-        return [len(h.prompt_token_ids) + h.num_tokens for h in handles]
+            for c in h.candidates:  # n > 1: each candidate streams on its own handle
+                c.poll()  # nobody else reads these handles; this updates num_tokens
+                out.append(len(h.prompt_token_ids) + c.num_tokens)
+        return out
 
     # ---- the thread ------------------------------------------------------------------
     def _live_handles(self) -> list[RequestHandle]:

@@ -115,15 +115,18 @@ class Scenario:
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
     emulation: tuple[str, str, str] | None = None  # local pacing: (hardware, model, precision)
     warmup: Chat | None = None  # sent first (1 token, not in the result): earlier traffic
+    n: int = 1  # answers per user (parallel sampling)
+    temperature: float = 0.0  # above 0 the seeds pick the answers (the same every run)
 
     @property
     def num_users(self) -> int:
         return len(self.prompts)
 
     def params(self, user: int = 0) -> SamplingParams:
-        """Greedy, EOS honoured; the seed only matters if a caller raises the temperature."""
-        return SamplingParams(max_tokens=self.max_tokens, temperature=0.0,
-                              seed=self.seed + user)
+        """Greedy unless the scenario sets a temperature, EOS honoured; user u seeded
+        seed + u (its candidate i then seed + u + i), so a sampled scenario repeats."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
+                              seed=self.seed + user, n=self.n)
 
     def engine_config(self, base: EngineConfig | None = None, **changes: Any) -> EngineConfig:
         """`base` (default settings if None) with this scenario's fields, then `changes`."""
@@ -168,10 +171,19 @@ SCENARIOS: dict[str, Scenario] = {s.key: s for s in (
              "size wastes a bigger share of the pool.",
              _users(SHORT, 40), 8,
              engine={"block_size": 16, "num_kv_blocks": 256, "enable_prefix_caching": False}),
+    Scenario("parallel_answers", "4 answers to one long prompt",
+             "One user asks for 4 answers: the prompt is computed once and its blocks are "
+             "shared (ref count 4); each answer adds only blocks of its own, where the local "
+             "PC would hold the prompt 4 times.",
+             (chat("A traveller asks: I am going with my bike and my dog, what do I pay? "
+                   "Write a short reply.", SYSTEM_PROMPT),), 40, seed=7, n=4,
+             temperature=0.8,
+             engine={"block_size": 16, "num_kv_blocks": 128, "enable_prefix_caching": False}),
 )}
 
 
-KV_SCENARIOS = ("shared_prefix", "small_pool", "many_short")  # the KV cache page plays these
+# the KV cache page plays these
+KV_SCENARIOS = ("shared_prefix", "small_pool", "many_short", "parallel_answers")
 
 
 def get(key: str) -> Scenario:

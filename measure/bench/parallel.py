@@ -12,8 +12,9 @@ after another, as it serves users.
 
 Per run: prompt tokens computed (engine: the prefill tokens of its steps, prefix-cache
 hits excluded; local PC: every candidate's prompt, which it processes again each time),
-peak KV blocks held at once (engine: the most any step left allocated; local PC: its one
-contiguous n_ctx reservation, held by one candidate at a time), output tokens/s, wall.
+peak KV blocks held at once (engine: the most any step left allocated; local PC: one
+contiguous n_ctx reservation per candidate of a request, as a runtime with n slots holds
+them), output tokens/s, wall.
 """
 
 from __future__ import annotations
@@ -156,13 +157,13 @@ def run_engine(loaded: LoadedModel, prompts: list[list[int]], params: list[Sampl
 def run_local(loaded: LoadedModel, prompts: list[list[int]], params: list[SamplingParams],
               mode: str, n: int) -> ParallelRun:
     """The local PC serving every request in turn: each candidate processes its prompt
-    into the one contiguous n_ctx reservation, so its figures follow from the requests."""
+    into its own contiguous n_ctx slot, so its figures follow from the requests."""
     with LocalPC(loaded) as local:
         local.generate([[1, 2, 3, 4]], WARM_UP)
         t0, cpu0 = time.monotonic(), cpu_sample()
         outs = local.generate(prompts, params)
         wall, busy = time.monotonic() - t0, others_busy(cpu0, cpu_sample())
-        blocks = -(-local.n_ctx // LOCAL_BLOCK)
+        blocks = max(p.n for p in params) * -(-local.n_ctx // LOCAL_BLOCK)
     answers = answers_of(outs, n)
     return ParallelRun(
         "local", mode, len(answers) // n, n,

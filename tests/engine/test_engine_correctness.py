@@ -238,5 +238,6 @@ def test_eight_candidates_hold_the_prompt_once(loaded):
     peak = round(max(usage) * 256)
     assert peak <= -(-500 // 16) + 8 * -(-64 // 16) + 8  # 72: the prompt counted once
     assert [len(c.token_ids) for c in out.candidates] == [64] * 8
-    # the prompt is computed once, but for its last token (each candidate's first)
-    assert sum(s.num_prefill_tokens for s in steps) == 499
+    # the prompt's 500 tokens are computed once; each candidate's first token comes from
+    # its last row
+    assert sum(s.num_prefill_tokens for s in steps) == 500

@@ -81,6 +81,23 @@ def test_waste_counts_only_unused_tail_slots():
     assert s.waste == pytest.approx(3 / 8)
 
 
+def test_held_slots_count_a_forked_prompt_once():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    kv.allocate("a", 6)
+    kv.record_computed("a", list(range(6)), 6)
+    kv.fork("a", "b", 6)
+    kv.fork("a", "c", 6)
+    assert kv.stats().used_slots == 18 and kv.held_slots() == 6  # 3 tables, one prompt
+    kv.allocate("b", 7)  # b writes its own token: its tail is copied on write
+    kv.record_computed("b", [*range(6), 9], 7)
+    assert kv.held_slots() == 6 + 7 - 4  # a's blocks, and b's tail of 3 tokens
+    kv.free("a")
+    kv.free("b")
+    kv.free("c")
+    assert kv.held_slots() == 0
+    check_invariants(kv)
+
+
 def test_snapshot_matches_stats():
     kv = KVCacheManager(num_blocks=5, block_size=2)
     kv.allocate("a", 4)

@@ -104,3 +104,27 @@ def test_shutdown_frees_the_contiguous_reservation_and_keeps_the_stats(loaded):
     gc.collect()
     assert kv() is None  # the n_ctx buffer went back, though `local` is still referenced
     assert local.stats().kv_reserved_bytes == 0 and len(out.token_ids) == 4
+
+
+def test_n_candidates_reserve_n_contiguous_windows_each_holding_the_prompt(loaded):
+    prompt = loaded.encode("The capital of France is")
+    with LocalPC(loaded, n_ctx=64) as local:
+        h = local.submit(prompt, SamplingParams(max_tokens=6, ignore_eos=True, n=8))
+        seen = []
+        while not h.done:
+            s = local.stats()
+            if s.running_ids:
+                seen.append((s.kv_reserved_bytes, s.kv_used_bytes))
+            time.sleep(0.002)
+        out = h.result(timeout=120)
+        per_token = local.kv_bytes_per_token
+        assert local.runner.num_blocks == 8 * 64 // 16  # eight n_ctx slots of 16-token blocks
+        assert local.runner.kv_caches[0][0].shape[1] == local.runner.num_blocks + 1
+        assert seen and all(r == 8 * 64 * per_token for r, _ in seen)
+        # each candidate processes the prompt again into its own slot, and keeps it
+        most = max(u for _, u in seen) // per_token
+        assert most > 7 * len(prompt)
+        assert local.stats().kv_reserved_bytes == 0
+        single = local.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))[0]
+        assert local.runner.num_blocks == 64 // 16  # back to one slot
+    assert [c.token_ids for c in out.candidates] == [single.token_ids] * 8

@@ -52,9 +52,16 @@ class SlotRunner:
                 k[0, b, o, 0], v[0, b, o, 0] = seq.token_at(p), p
                 self.num_writes += 1
             if start + n == seq.num_tokens:
-                g = generators.get(seq.request_id)
-                out[i] = 7 if g is None else int(torch.randint(*VOCAB, (1,), generator=g))
+                out[i] = self.sample(seq, generators)
+        forks = [s for i in sorted(out) for s in entries[i][0].siblings]
+        for k, sib in enumerate(forks):  # the fork: the same last row, each one's generator
+            out[len(entries) + k] = self.sample(sib, generators)
         return out
+
+    @staticmethod
+    def sample(seq, generators):
+        g = generators.get(seq.request_id)
+        return 7 if g is None else int(torch.randint(*VOCAB, (1,), generator=g))
 
 
 def make_core(num_blocks: int, block_size: int, max_num_seqs: int = 8, budget: int = 100,
@@ -96,11 +103,15 @@ def test_the_prompt_is_prefilled_once_then_forked_with_its_tail_copied_on_write(
     core = make_core(num_blocks=12, block_size=4)
     add(core, "r", list(range(10, 20)), max_tokens=3, n=3)  # 10 tokens: 2 full blocks
     b = core.schedule()
-    assert entries(b) == [("r#0", 9)] and b.copies == []  # the prompt but its last token
-    core.update(b, core.execute(b))
-    b = core.schedule()  # the fork: each candidate computes the last token into its own tail
-    assert entries(b) == [("r#0", 1), ("r#1", 1), ("r#2", 1)]
+    assert entries(b) == [("r#0", 10)] and b.copies == []  # the whole prompt, once
+    updates = core.update(b, core.execute(b))
+    assert sorted(u.index for u in updates) == [0, 1, 2]  # every candidate's first token
     tables = core.kv.block_tables
+    assert tables["r#0"] == tables["r#1"] == tables["r#2"]  # the fork: all 3 blocks shared
+    assert [core.kv.blocks[x].ref_count for x in tables["r#0"]] == [3, 3, 3]
+    assert core.kv.stats().used_blocks == 3
+    b = core.schedule()  # each candidate's first write goes into a tail of its own
+    assert entries(b) == [("r#0", 1), ("r#1", 1), ("r#2", 1)]
     shared = tables["r#0"][:2]
     assert tables["r#1"][:2] == tables["r#2"][:2] == shared
     assert [core.kv.blocks[x].ref_count for x in shared] == [3, 3]
@@ -111,7 +122,7 @@ def test_the_prompt_is_prefilled_once_then_forked_with_its_tail_copied_on_write(
     assert [c.token_ids for c in out.candidates] == [[7, 7, 7]] * 3
     assert [c.request_id for c in out.candidates] == ["r#0", "r#1", "r#2"]
     assert out.request_id == "r" and out.token_ids == [7, 7, 7]
-    assert core.runner.num_writes == 9 + 3 * 3  # the prompt once, then each one's tokens
+    assert core.runner.num_writes == 10 + 3 * 2  # the prompt once, then each one's tokens
     assert core.kv.stats().used_blocks == 0 and core.requests == {}
     assert core.num_finished == 1 and core.num_output_tokens == 9
 
@@ -122,7 +133,7 @@ def test_candidates_count_against_max_num_seqs():
     add(core, "b", [1, 3, 4, 8, 8], n=2)
     add(core, "c", [9, 9])
     b = core.schedule()
-    assert entries(b) == [("a#0", 4)]  # b's 2 candidates do not fit beside a's 3 (FCFS)
+    assert entries(b) == [("a#0", 5)]  # b's 2 candidates do not fit beside a's 3 (FCFS)
     core.update(b, core.execute(b))
     assert entries(core.schedule()) == [("a#0", 1), ("a#1", 1), ("a#2", 1)]
     assert len(core.scheduler.running) == 3 and len(core.scheduler.waiting) == 2
@@ -181,16 +192,21 @@ def test_a_preempted_candidate_recomputes_from_the_shared_prompt():
     assert core.kv.stats().used_blocks == 0
 
 
-def test_a_prompt_cached_to_its_last_token_admits_each_candidate_with_the_hit():
+def test_a_prompt_cached_to_its_last_token_computes_that_token_once_for_all():
     core = make_core(num_blocks=20, block_size=4)
     prompt = list(range(10, 19))  # 9 tokens: the first 8 are two full blocks
     add(core, "warm", prompt, max_tokens=1)
     run(core)
-    add(core, "r", prompt, max_tokens=2, n=3)
+    add(core, "r", prompt, max_tokens=3, n=3)
     b = core.schedule()
-    assert entries(b) == [("r#0", 1), ("r#1", 1), ("r#2", 1)] and b.copies == []
-    assert all(s.num_cached_tokens == 8 for s, _ in b.entries)
-    assert run(core)["r"].candidates[2].token_ids == [7, 7]
+    assert entries(b) == [("r#0", 1)] and b.copies == []
+    core.update(b, core.execute(b))
+    b = core.schedule()
+    assert entries(b) == [("r#0", 1), ("r#1", 1), ("r#2", 1)]
+    core.update(b, core.execute(b))
+    out = run(core)["r"]
+    assert [c.num_cached_tokens for c in out.candidates] == [8] * 3
+    assert [c.token_ids for c in out.candidates] == [[7, 7, 7]] * 3
 
 
 @pytest.mark.parametrize("length", [1, 2, 5, 8, 9])
@@ -296,3 +312,15 @@ class ParallelKVMachine(RuleBasedStateMachine):
 
 TestParallelKV = ParallelKVMachine.TestCase
 TestParallelKV.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_fork_rows_follow_the_entries_order_whatever_the_rows_order():
+    from engine.runner import fork_rows
+
+    a = make_request("a", [1, 2, 3], SamplingParams(n=3), 0.0, FakeTokenizer())
+    b = make_request("b", [4, 5], SamplingParams(n=2), 0.0, FakeTokenizer())
+    plain = make_request("c", [6], SamplingParams(), 0.0, FakeTokenizer())
+    entries_ = [(a.seq, 3), (plain.seq, 1), (b.seq, 2)]
+    # the rows put entry 2 first, as a backend may order its rows
+    rows = fork_rows(entries_, sampled=[2, 0, 1])
+    assert [(r, s.request_id) for r, s in rows] == [(1, "a#1"), (1, "a#2"), (0, "b#1")]

@@ -83,8 +83,11 @@ def test_n_candidates_compute_the_prompt_once_and_hold_fewer_blocks(loaded):
     reqs = [BenchRequest(tuple(range(100, 140)), 8), BenchRequest(tuple(range(200, 237)), 8)]
     runs = parallel.run_bench(loaded, reqs, n=2, seed=3, sides=["engine", "local"])
     eng_n, eng_sep, local_n, local_sep = runs
-    assert eng_n.prompt_tokens_computed < eng_sep.prompt_tokens_computed
+    assert eng_n.prompt_tokens_computed == 40 + 37  # each prompt's tokens once
+    assert eng_sep.prompt_tokens_computed > eng_n.prompt_tokens_computed
     assert eng_n.peak_kv_blocks <= eng_sep.peak_kv_blocks
-    # the local PC processes every candidate's prompt again, in both modes
+    # the local PC processes every candidate's prompt again, in both modes, each into an
+    # n_ctx slot of its own: a request of 2 candidates reserves 2 slots
     assert local_n.prompt_tokens_computed == local_sep.prompt_tokens_computed == 2 * (40 + 37)
+    assert local_n.peak_kv_blocks == 2 * local_sep.peak_kv_blocks
     assert all(r.output_tokens == 2 * 2 * 8 for r in runs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from apptest import metrics, new_app, run_until, wait_idle
+from apptest import keyed, metrics, new_app, run_until, wait_idle
 
 from ui import arena, shared
 from workloads.prompts import load_prompts
@@ -158,3 +158,42 @@ def test_presenter_edit_scenario_compares_speculation_off_and_on(monkeypatch):
     table = at.dataframe[0].value
     assert list(table["speculation"]) == ["off", "on", "off", "on"]
     assert shared.shared_engine().engine.speculation is None  # nobody's settings changed
+
+
+def test_answers_per_user_shows_your_candidates_and_the_local_pc_holding_n_windows():
+    at = new_app()
+    assert at.number_input(key="arena_n").value == 1
+    at.number_input(key="arena_users").set_value(2)
+    at.number_input(key="arena_max_tokens").set_value(5)
+    at.number_input(key="arena_n").set_value(3)
+    at.slider(key="arena_temperature").set_value(0.8)
+    at.button(key="arena_run").click().run()
+    run_until(at, lambda a: bool(a.success) or bool(a.error))
+    assert not at.error, at.error[0].value
+    race = race_of(at)
+    for side in ("local", "datacenter"):
+        panel = keyed(at, f"side-{side}")
+        assert [t.label for t in panel.tabs] == ["Answer 1", "Answer 2", "Answer 3"]
+        shown = [c.value for c in panel.code]
+        assert shown == [c.text for c in race.outputs(side)[0].candidates]
+        assert metrics(at, side)["Users finished"] == "2/2"
+    assert any("held 3 times" in c.value for c in keyed(at, "side-local").caption)
+    assert any("computed once" in c.value for c in keyed(at, "side-datacenter").caption)
+    # every candidate's tokens count, on each side
+    rows = {r["side"]: r["tokens"] for r in race.snapshot().rows if r["user"] == 0}
+    for side in ("local", "datacenter"):
+        cands = race.outputs(side)[0].candidates
+        assert rows[side] == sum(len(c.token_ids) for c in cands) > len(cands[0].token_ids)
+    kv = race.snapshot().kv
+    local = race.local.stats(steps_after=None)
+    reserved = {s: max(p["bytes"] for p in kv if p["side"] == s and p["kind"] == "reserved")
+                for s in ("local", "datacenter")}
+    assert reserved["local"] == 3 * local.n_ctx * local.kv_bytes_per_token
+    assert reserved["datacenter"] < reserved["local"]
+
+
+def test_answers_per_user_out_of_range_disables_run():
+    at = new_app()
+    at.number_input(key="arena_n").set_value(9).run()
+    assert at.button(key="arena_run").disabled
+    assert any("Answers per user: 9 is out of range" in e.value for e in at.error)

@@ -233,3 +233,14 @@ def test_a_sweep_against_a_remote_datacenter_runs_on_both_sides(remote, request,
     not_exported = any(NOT_EXPORTED in c.value for c in at.caption)
     charts = keyed(at, "server-state-datacenter").get("vega_lite_chart") if exported else []
     assert (not_exported, len(charts)) == ((False, 1) if exported else (True, 0))
+
+
+def test_a_remote_side_refuses_several_answers_per_user_in_words(remote):
+    url, _ = remote
+    at = new_app(secrets=secrets(url))
+    at.number_input(key="arena_n").set_value(3)
+    at = start_race(at, NAME)
+    assert not at.exception
+    errors = " ".join(e.value for e in at.error)
+    assert "Not started" in errors and "one candidate per request" in errors
+    assert "n=3" in errors and arena.SLOT.key not in at.session_state

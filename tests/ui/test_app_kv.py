@@ -63,12 +63,13 @@ def counts(df: pd.DataFrame, *cols: str) -> tuple[int, ...]:
     return tuple(int(df[c].sum()) for c in cols)
 
 
-def test_the_page_shows_three_scenarios_and_the_shared_engine():
+def test_the_page_shows_four_scenarios_and_the_shared_engine():
     at = kv_page([])
     assert at.header[0].value.startswith("KV cache")
     for key in kv_view.KV_SCENARIOS:
         assert not at.button(key=f"kv_run_{key}").disabled
-    assert set(kv_view.KV_SCENARIOS) == {"shared_prefix", "small_pool", "many_short"}
+    assert set(kv_view.KV_SCENARIOS) == {"shared_prefix", "small_pool", "many_short",
+                                         "parallel_answers"}
     assert at.button(key="kv_stop").disabled
     assert "shared datacenter engine" in keyed(at, "kv-shown").markdown[0].value
     assert [t.split(":")[0] for t, _ in charts(at)] == ["Paged", "Contiguous", "Scheduler steps"]
@@ -168,6 +169,43 @@ def test_block_size_and_prefix_caching_build_the_scenario_engine_and_stop_ends_i
     assert not job.engine._thread.is_alive()
     assert not at.button(key="kv_run_small_pool").disabled
 
+
+
+def shared_line(at: AppTest) -> str | None:
+    try:
+        return keyed(at, "kv-shared").markdown[0].value
+    except AssertionError:
+        return None
+
+
+def test_four_answers_share_the_prompt_blocks_with_ref_count_four(apps):
+    at = kv_page(apps)
+    assert "parallel_answers" in kv_view.KV_SCENARIOS
+    at.button(key="kv_run_parallel_answers").click().run()
+    job = at.session_state[kv_view.SLOT.key]
+    # live: the forked candidates hold the prompt's blocks together
+    run_until(at, lambda a: job.finished or (shared_line(a) is not None
+                                             and (chart(a, "Paged")["ref_count"] == 4).any()))
+    assert not job.finished, "the scenario ended before a refresh saw its answers"
+    paged = chart(at, "Paged")
+    used = paged[paged["state"] == "used"]
+    prompt_len = len(job.engine.loaded.encode(list(job.scenario.prompts[0])))
+    assert (used["ref_count"] == 4).sum() >= prompt_len // 16  # the prompt's full blocks
+    assert set(used["ref_count"]) <= {1, 2, 3, 4}  # shared ones, and each answer's own
+    line = shared_line(at)
+    separate, held = int(used["ref_count"].sum()), len(used)
+    assert line.startswith("**KV shared: ") and f"{separate:,} blocks as separate" in line
+    saved = (separate - held) * 16 * job.engine.kv_bytes_per_token
+    assert f"{saved / 2**20:.1f} MiB saved ({1 - held / separate:.0%})" in line
+    # a bound on a hang: 160 sampled tokens take minutes on a busy 2-core machine
+    run_until(at, lambda a: job.finished and bool(a.success), timeout=900)
+    assert "at its peak, KV shared: " in at.success[0].value
+    out = job.result.outputs[0]
+    assert len(out.candidates) == 4 and len({c.text for c in out.candidates}) > 1
+    text = at.code[0].value
+    for j, cand in enumerate(out.candidates, 1):
+        assert f"user 0, answer {j}: {cand.text.strip()}" in text
+    assert job.final_stats.kv.used_blocks == 0
 
 
 def test_presenter_shared_prompt_button_starts_the_scenario_on_the_kv_page(apps):

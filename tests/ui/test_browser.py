@@ -288,3 +288,42 @@ def test_presenter_mode_scenario_replays_and_every_page(server, browser, shots):
     assert page.get_by_role("button", name="One user", exact=True).count() == 0
     screenshot(page, shots, "hardware")
     page.context.close()
+
+
+def test_answers_per_user_shows_your_candidates_in_tabs_on_both_sides(server, browser):
+    page = open_arena(browser, server)
+    set_up_race(page, "Name three colours.", users=2, max_tokens=8)
+    field = page.get_by_label("Answers per user", exact=True)
+    field.fill("3")
+    field.press("Enter")
+    page.wait_for_function("() => [...document.querySelectorAll('input')]"
+                           ".some(i => i.getAttribute('aria-label') === 'Answers per user'"
+                           " && i.value === '3')")
+    click_run(page)
+    wait_for_summary(page)
+    for side in ("local", "datacenter"):
+        panel = page.locator(f".st-key-side-{side}")
+        tabs = panel.get_by_role("tab")
+        assert tabs.all_inner_texts() == ["Answer 1", "Answer 2", "Answer 3"]
+        tabs.nth(2).click()  # the third answer's text is shown in its own tab
+        shown = panel.locator("[data-testid='stCode']").filter(visible=True)
+        wait_for(lambda shown=shown: shown.count() == 1, timeout=30)
+        assert shown.inner_text().strip()
+    assert "held 3 times" in page.locator(".st-key-side-local").inner_text()
+    assert "computed once" in page.locator(".st-key-side-datacenter").inner_text()
+    page.context.close()
+
+
+def test_four_answers_scenario_shows_shared_blocks_and_the_saving(server, browser):
+    page = browser.new_context(viewport={"width": 1600, "height": 1400}).new_page()
+    page.set_default_timeout(120_000)
+    page.goto(f"{server}/kv_cache")
+    run = page.locator(".st-key-kv_run_parallel_answers button")
+    run.click()
+    shared = page.locator(".st-key-kv-shared")
+    shared.wait_for(timeout=RACE_TIMEOUT_MS)
+    assert re.search(r"KV shared: [\d.]+ MiB saved \(\d+%\)", shared.inner_text())
+    result = page.locator(".st-key-kv-result")
+    result.wait_for(timeout=RACE_TIMEOUT_MS)
+    assert "at its peak, KV shared:" in result.inner_text()
+    page.context.close()

@@ -220,3 +220,30 @@ def test_every_template_is_a_vega_lite_dict_without_rows():
     for chart in empties:
         vega = template(chart)
         assert "datasets" not in vega and "data" not in vega and vega["layer"]
+
+
+def test_kv_shared_is_what_separate_copies_would_hold_minus_what_is_held():
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    kv.allocate("r#0", 10)  # a 10-token prompt: 3 blocks
+    kv.record_computed("r#0", list(range(10)), 10)
+    assert frames.kv_shared(kv.stats().reserved_slots, kv.stats().used_blocks, 4, 100) is None
+    for i in (1, 2, 3):
+        kv.fork("r#0", f"r#{i}", 10)  # 4 answers hold the prompt's 3 blocks together
+    for i in range(4):
+        kv.allocate(f"r#{i}", 13)  # each writes on: a tail of its own, then a new block
+    s = kv.stats()
+    shared = frames.kv_shared(s.reserved_slots, s.used_blocks, 4, 100)
+    # separate: 4 x 4 blocks; held: the 2 full prompt blocks + 4 tails + 4 new blocks
+    assert (shared.separate_blocks, shared.held_blocks) == (16, 10)
+    assert shared.saved_bytes == 6 * 4 * 100 and shared.saved_share == pytest.approx(6 / 16)
+    assert shared.line == f"KV shared: {2400 / 2**20:.1f} MiB saved (38%)"
+
+
+def test_peak_kv_shared_takes_the_step_that_saved_most():
+    step = StepStats(0.0, 0.1, 4, 0, 4, 0, kv_usage=0.25, kv_used_slots=0,
+                     kv_reserved_slots=64)
+    steps = [dataclasses.replace(step, kv_usage=0.5, kv_reserved_slots=32), step,
+             dataclasses.replace(step, kv_reserved_slots=16)]
+    peak = frames.peak_kv_shared(steps, num_blocks=16, block_size=4, bytes_per_token=1)
+    assert (peak.separate_blocks, peak.held_blocks) == (16, 4)  # the second step's
+    assert frames.peak_kv_shared(steps[2:], 16, 4, 1) is None  # no block shared

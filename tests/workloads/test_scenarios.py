@@ -74,3 +74,19 @@ def test_stop_cancels_a_staggered_scenario(loaded):
         kv = eng.stats().kv
     assert res.stopped and len(res.outputs) == 2
     assert kv.free_blocks + kv.cached_blocks == kv.num_blocks
+
+
+@pytest.mark.model
+def test_four_answers_twice_give_the_same_four_texts_from_one_prompt_computed_once(loaded):
+    sc = scenarios.get("parallel_answers")
+    assert (sc.n, sc.num_users) == (4, 1) and sc.temperature > 0
+    runs = []
+    for _ in range(2):
+        with Engine(sc.engine_config(), loaded=loaded) as eng:
+            res = scenarios.run_scenario(eng, sc)
+            steps = eng.stats().recent_steps
+        runs.append([c.text for c in res.outputs[0].candidates])
+    assert runs[0] == runs[1] and len(runs[0]) == 4  # fixed seeds: the same text every run
+    assert len(set(runs[0])) > 1  # four answers, not one four times
+    prompt = len(res.outputs[0].prompt_token_ids)
+    assert prompt > 300 and sum(s.num_prefill_tokens for s in steps) == prompt

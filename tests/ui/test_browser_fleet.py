@@ -1,0 +1,43 @@
+"""The Fleet page in headless Chromium against `streamlit run app.py`: a short run from
+the form, its figures and charts drawn, and the presenter's day."""
+
+from __future__ import annotations
+
+import pytest
+from test_browser import streamlit_server
+
+pytestmark = [pytest.mark.browser, pytest.mark.model]  # the app loads the shared engine
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with streamlit_server(tmp_path_factory.mktemp("streamlit")) as url:
+        yield url
+
+
+def open_fleet(browser, url: str):
+    page = browser.new_context(viewport={"width": 1600, "height": 1100}).new_page()
+    page.set_default_timeout(180_000)
+    page.goto(f"{url}/fleet")
+    page.get_by_role("button", name="Run", exact=True).wait_for()
+    return page
+
+
+def test_a_short_run_draws_its_figures_and_charts(server, browser, tmp_path):
+    page = open_fleet(browser, server)
+    hours = page.get_by_label("Simulated hours", exact=True)
+    hours.fill("0.05")
+    rate = page.get_by_label("Output tokens/s (peak)", exact=True)
+    rate.fill("300")
+    page.get_by_role("button", name="Run", exact=True).click()
+    gpu = page.locator("[data-testid='stMetric']").filter(has_text="GPU-hours")
+    gpu.locator("[data-testid='stMetricValue']").wait_for()
+    page.locator("[data-testid='stVegaLiteChart']").nth(4).wait_for()
+    text = page.locator("[data-testid='stMarkdownContainer']").filter(
+        has_text="simulated hours (simulated in").first.inner_text()
+    assert "over 0.05 simulated hours" in text
+    finished = page.locator("[data-testid='stMetric']").filter(has_text="Finished / dropped")
+    done, dropped = finished.locator("[data-testid='stMetricValue']").inner_text().split(" / ")
+    assert int(done.replace(",", "")) > 0 and dropped == "0"
+    page.screenshot(path=str(tmp_path / "fleet.png"), full_page=True)
+    assert (tmp_path / "fleet.png").stat().st_size > 10_000
