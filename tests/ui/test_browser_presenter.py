@@ -51,6 +51,12 @@ VIEWS = (
                   (".st-key-dc-verdict", f".st-key-dc-decode-metrics {METRIC_VALUE}",
                    f".st-key-dc-decode-chart {FIRST_CHART}",
                    f".st-key-dc-breakdown-chart {FIRST_CHART}")),
+    # the day's figures and its first row of charts, once simulated (or read from disk)
+    PresenterView("fleet", "Fleet", "A day of a 1,000-user service",
+                  f".st-key-fleet-replicas-chart {FIRST_CHART}",
+                  (f".st-key-fleet-headline {METRIC_VALUE}",
+                   f".st-key-fleet-tokens-chart {FIRST_CHART}",
+                   f".st-key-fleet-replicas-chart {FIRST_CHART}")),
 )
 
 
