@@ -6,11 +6,12 @@ from ui import fleet_view as view
 
 view.intro()
 
-# The presenter's scripted day: 1,000 connected users, 200 active, 20 tokens/s each.
-day = view.scenario()
+# The presenter's scripted day: 1,000 connected users, 200 active, 20 tokens/s each (in
+# presenter mode with a Settings popover beside it, which holds the form).
+day, settings = view.scenario()
 
 # Trace, layout, router, autoscaler, local PC; Run.
-params = view.controls()
+params = view.controls(settings)
 
 # Progress, then the figures, the four charts and the local PCs beside them.
 view.results(params, day)

@@ -8,7 +8,11 @@ see the projection of `measure.projection` (measured kernels) beside our rooflin
                          --> links()        the same all-reduces on other links
                          --> local()        the same model on a local PC (roofline)
                          --> capacity()     users -> replicas at the SLO; the cost table
-    scenario()                              the presenter's "70B on 8 GPUs"
+    scenario()                              the presenter's "70B on 8 GPUs"; in presenter
+                                            mode a bar of its four layouts, the clicker's
+                                            steps, which set the controls
+    figure_columns()                        decode() and breakdown() side by side in
+                                            presenter mode, one under the other otherwise
 
 No figure is written here: every number comes from `measure.projection`,
 `measure.capacity`, `measure.interconnect` or `measure.hardware`.
@@ -24,7 +28,7 @@ import streamlit as st
 from measure import capacity as cap
 from measure import hardware, interconnect
 from measure import projection as P
-from ui import presenter
+from ui import clicker, presenter
 from ui.datacenter_charts import (
     BATCH_DOMAIN,
     KINDS,
@@ -41,6 +45,9 @@ KEY_MODEL, KEY_SYSTEM, KEY_BACKEND = K + "model", K + "system", K + "backend"
 KEY_TP, KEY_PP, KEY_DTYPE, KEY_LINK = K + "tp", K + "pp", K + "dtype", K + "link"
 KEY_CONTEXT, KEY_BATCH, KEY_PROMPT = K + "context", K + "batch", K + "prompt"
 KEY_SCENARIO = K + "scenario"
+KEY_STAGE = K + "stage"  # presenter mode: the scenario's layout last set from its bar
+PRESENTER_CHART_PX = 290  # the decode and step-time charts' height (title, legend and axes
+# included) in presenter mode: both beside each other on the first screen
 DEFAULTS = {KEY_MODEL: "llama-3.1-70b", KEY_SYSTEM: "h100_sxm", KEY_BACKEND: "trtllm",
             KEY_TP: 8, KEY_PP: 1, KEY_DTYPE: "bf16", KEY_LINK: "", KEY_CONTEXT: 2048,
             KEY_BATCH: 64, KEY_PROMPT: 2048}
@@ -72,6 +79,8 @@ class Choice:
 
 def intro() -> None:
     st.header("Datacenter: many GPUs, one model")
+    if presenter.is_on():  # the scenario bar's caption says what the page shows
+        return
     st.caption("Tensor parallelism splits each layer's matrices over GPUs, which then sum "
                "their partial results (an all-reduce) twice a layer; pipeline parallelism "
                "splits the layers. Numbers from NVIDIA's measured kernel data "
@@ -97,11 +106,12 @@ def _link_label(key: str) -> str:
     return f"{interconnect.LINKS[key].name} ({how})"
 
 
-def controls() -> Choice:
-    """Model, system, engine, TP × PP, dtype, link, context, batch and prompt length."""
+def controls(where=None) -> Choice:
+    """Model, system, engine, TP × PP, dtype, link, context, batch and prompt length, in a
+    bordered box, or in `where` (presenter mode: the scenario bar's Settings popover)."""
     _defaults()
     systems = list(P.systems())
-    with st.container(border=True):
+    with where if where is not None else st.container(border=True):
         a, b, c = st.columns([1.6, 1.8, 1.4])
         model = a.selectbox("Model", list(P.models()), key=KEY_MODEL, format_func=_model_label)
         system = b.selectbox("Datacenter system", systems, key=KEY_SYSTEM,
@@ -125,20 +135,27 @@ def controls() -> Choice:
 # ---- memory --------------------------------------------------------------------------
 def fit(choice: Choice) -> None:
     """The verdict in one line, then weights and KV per GPU and a replica's KV capacity."""
-    layout = choice.layout
-    st.subheader("Does it fit per GPU?")
-    st.caption(P.source_note(layout))
+    layout, on = choice.layout, presenter.is_on()
+    if not on:  # presenter mode: the verdict line only, so the figures are on one screen
+        st.subheader("Does it fit per GPU?")
+        st.caption(P.source_note(layout))
     verdict, box = choice.verdict, st.container(key="dc-verdict")
     if not choice.runs:
         box.error(verdict.reason)
         return
     mem, s = P.memory(layout), P.get_system(layout.system)
-    if verdict.ok:
+    if verdict.ok and on:  # one line on a projector: the chart titles name the layout
+        box.success(f"Fits: {layout.gpus}× {s.name} hold {mem.weights_bytes / GIB:,.1f} GiB "
+                    f"of weights per GPU of {s.memory_bytes / GIB:,.0f}, and KV cache for "
+                    f"{choice.batch} × {choice.context:,} tokens.")
+    elif verdict.ok:
         box.success(f"Fits: {layout.label()} holds {mem.weights_bytes / GIB:,.1f} GiB of "
                     f"weights per GPU of {s.memory_bytes / GIB:,.0f}, and KV cache for "
                     f"{choice.batch} × {choice.context:,} tokens.")
     else:
         box.error(verdict.reason)
+    if on:
+        return
     a, b, c, d = st.columns(4)
     a.metric("Weights per GPU (GiB)", fmt_number(mem.weights_bytes / GIB))
     b.metric("KV cache per GPU (GiB)", fmt_number(mem.kv_bytes / GIB),
@@ -151,6 +168,32 @@ def fit(choice: Choice) -> None:
 
 
 # ---- decode ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FigureSlots:
+    """Where decode() and breakdown() draw: in presenter mode the decode figures in a row
+    across the page (`numbers`) above the two charts side by side, so all of them are on
+    the first screen of a 1280x720 projector; otherwise one under the other, as written."""
+
+    numbers: object | None  # a container; None: decode() draws its figures in `speed`
+    speed: object
+    step: object
+
+
+def figure_columns() -> FigureSlots:
+    if presenter.is_on():
+        numbers = st.container(key="dc-decode-metrics")
+        return FigureSlots(numbers, *st.columns(2, gap="medium"))
+    return FigureSlots(None, st.container(), st.container())
+
+
+def _short(layout: P.Layout) -> str:
+    """A chart's title in presenter mode: the parallelism and link (the verdict line above
+    names the model and system)."""
+    link = f" over {interconnect.LINKS[layout.link].name}" if layout.link else ""
+    pp = f", PP={layout.pp}" if layout.pp > 1 else ""
+    return f"TP={layout.tp}{pp}{link}"
+
+
 def _usable(choice: Choice) -> list[int]:
     top = P.max_batch(choice.layout, choice.context)
     return [b for b in BATCH_GRID if b <= top]
@@ -171,10 +214,13 @@ def decode_frame(choice: Choice) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["batch", "series", "kind", "tokens_per_s"])
 
 
-def decode(choice: Choice) -> pd.DataFrame | None:
+def decode(choice: Choice, numbers=None) -> pd.DataFrame | None:
     """Tokens/s at the chosen batch and over every batch that fits; the frame is returned
-    for the local PC chart's axes."""
-    st.subheader("Decode speed vs batch")
+    for the local PC chart's axes. `numbers`: where the figures go (presenter mode: a row
+    above the charts, the subheader left to the chart's title), else here."""
+    if numbers is None:
+        st.subheader("Decode speed vs batch")
+        numbers = st.container(key="dc-decode-metrics")
     if not choice.runs:
         st.info("Pick a layout that runs to see its speed.")
         return None
@@ -182,7 +228,7 @@ def decode(choice: Choice) -> pd.DataFrame | None:
     batch = min(choice.batch, max(1, P.max_batch(layout, ctx)))
     step = P.decode_step(layout, batch, ctx)
     ideal = P.ideal_decode_step(layout, batch, ctx)
-    a, b, c, d = st.columns(4)
+    a, b, c, d = numbers.columns(4)
     a.metric(f"Tokens/s per user (batch {batch})", fmt_number(1 / step.seconds))
     b.metric(f"Tokens/s total (batch {batch})", fmt_number(batch / step.seconds))
     c.metric("Decode step", fmt_seconds(step.seconds),
@@ -190,8 +236,11 @@ def decode(choice: Choice) -> pd.DataFrame | None:
     d.metric("Communication share of the step", f"{step.communication_share:.0%}",
              help="The tensor-parallel all-reduces and the pipeline hops")
     df = decode_frame(choice)
-    st.altair_chart(decode_chart(df, f"{layout.label()}, {ctx:,}-token context"),
-                    width="stretch")
+    title = (f"Decode tokens/s vs batch, {_short(layout)}" if presenter.is_on()
+             else f"{layout.label()}, {ctx:,}-token context")
+    st.container(key="dc-decode-chart").altair_chart(
+        decode_chart(df, title), width="stretch",
+        height=presenter.figure_height(PRESENTER_CHART_PX))
     clipped = "" if batch == choice.batch else (
         f" Batch {choice.batch} does not fit this replica's KV cache: shown at {batch}.")
     st.caption("Per user = 1 / step; total = batch / step. Solid: the package's measured "
@@ -221,11 +270,16 @@ def breakdown_frame(choice: Choice) -> pd.DataFrame:
 
 
 def breakdown(choice: Choice) -> None:
-    st.subheader("Where a decode step's time goes")
+    on = presenter.is_on()
+    if not on:  # presenter mode: the chart's title says it, beside the decode chart
+        st.subheader("Where a decode step's time goes")
     if not choice.runs:
         return
-    st.altair_chart(breakdown_chart(breakdown_frame(choice), choice.layout.label()),
-                    width="stretch")
+    title = (f"Where the step's time goes, {_short(choice.layout)}" if on
+             else choice.layout.label())
+    st.container(key="dc-breakdown-chart").altair_chart(
+        breakdown_chart(breakdown_frame(choice), title), width="stretch",
+        height=presenter.figure_height(PRESENTER_CHART_PX))
     st.caption("Communication: the tensor-parallel all-reduces (two per layer) and the "
                "pipeline hops. Other: norms, activations, embedding. The roofline counts "
                "weights as GEMM and the KV read as attention.")
@@ -504,18 +558,19 @@ def scenario_lines(df: pd.DataFrame) -> list[str]:
     return out
 
 
-def scenario() -> None:
-    """"70B on 8 GPUs": a button (primary in presenter mode) that plays the four layouts."""
+def scenario():
+    """"70B on 8 GPUs": a button that plays the four layouts; in presenter mode the bar of
+    `presenter_bar()` instead, whose Settings popover it returns for `controls()`."""
+    if presenter.is_on():
+        return presenter_bar()
     st.session_state.setdefault(KEY_SCENARIO, False)
-    kind = "primary" if presenter.is_on() else "secondary"
-    if st.button("70B on 8 GPUs", key=K + "scenario_button", type=kind,
-                 help="Scripted: Llama-3.1-70B on H100s, TP=1, 2 and 8, NVLink vs PCIe"):
+    if st.button("70B on 8 GPUs", key=K + "scenario_button", type="secondary",
+                 help=SCENARIO_HELP):
         st.session_state[KEY_SCENARIO] = True
     if not st.session_state[KEY_SCENARIO]:
-        return
+        return None
     with st.container(border=True, key="dc-scenario"):
-        st.markdown(f"**Scenario: Llama-3.1-70B bf16 on H100 SXM, {SCENARIO_CONTEXT:,}-token "
-                    "context, TensorRT-LLM kernels**")
+        st.markdown(f"**Scenario: {SCENARIO_TITLE}**")
         df = scenario_frame()
         for line in scenario_lines(df):
             st.markdown(line)
@@ -523,6 +578,62 @@ def scenario() -> None:
         label, tp, link = SCENARIO_STEPS[-1]
         st.caption(f"{label}: " + P.source_note(
             P.Layout(SCENARIO_MODEL, SCENARIO_SYSTEM, "trtllm", tp=tp, link=link)))
+    return None
+
+
+SCENARIO_TITLE = (f"Llama-3.1-70B bf16 on H100 SXM, {SCENARIO_CONTEXT:,}-token context, "
+                  "TensorRT-LLM kernels")
+SCENARIO_HELP = "Scripted: Llama-3.1-70B on H100s, TP=1, 2 and 8, NVLink vs PCIe"
+STAGES = tuple(f"tp{tp}{'-' + link if link else ''}" for _, tp, link in SCENARIO_STEPS)
+STAGE_BUTTONS = ("TP=1: one H100", "TP=2: NVLink", "TP=8: NVLink", "TP=8: PCIe 5.0")
+
+
+def stage_settings(stage: str) -> dict[str, object]:
+    """The controls' values (by widget key) that show one layout of the scenario."""
+    _, tp, link = SCENARIO_STEPS[STAGES.index(stage)]
+    return {KEY_MODEL: SCENARIO_MODEL, KEY_SYSTEM: SCENARIO_SYSTEM, KEY_BACKEND: "trtllm",
+            KEY_TP: tp, KEY_PP: 1, KEY_DTYPE: "bf16", KEY_LINK: link or OWN_LINK,
+            KEY_CONTEXT: SCENARIO_CONTEXT, KEY_BATCH: SCENARIO_BATCH}
+
+
+def current_stage() -> str | None:
+    """The stage last set from the bar, while the controls still show it (None once the
+    presenter changes a setting by hand)."""
+    ss = st.session_state
+    stage = ss.get(KEY_STAGE)
+    if stage not in STAGES:
+        return None
+    shown = all(ss.get(k) == v for k, v in stage_settings(stage).items())
+    return stage if shown else None
+
+
+def presenter_bar():
+    """Presenter mode: "70B on 8 GPUs" (its first layout) and one button per layout, in
+    the row style of the other pages' bars, and a Settings popover at the row's end (the
+    container returned); the clicker steps through the layouts. A stage sets the controls
+    (before they are drawn), so the verdict, the decode chart and the step-time bar below
+    show that layout."""
+    ss = st.session_state
+    st.caption(f"70B on 8 GPUs: Llama-3.1-70B bf16, H100 SXM, {SCENARIO_CONTEXT:,}-token "
+               f"context, batch {SCENARIO_BATCH}. Clicker: PageDown or → the next layout, "
+               "PageUp or ← the previous one.")
+    current = current_stage()
+    chosen = clicker.pick(STAGES, current, clicker.step())
+    first, *cells, settings = st.columns([1.15] + [1] * len(STAGES) + [0.8],
+                                         vertical_alignment="center")
+    if first.button("70B on 8 GPUs", key=K + "scenario_button", width="stretch",
+                    help=SCENARIO_HELP, type="primary" if current is None else "secondary"):
+        chosen = STAGES[0]
+    for col, stage, title in zip(cells, STAGES, STAGE_BUTTONS, strict=True):
+        if col.button(title, key=f"{K}stage_{stage}", width="stretch",
+                      type="primary" if stage == current else "secondary"):
+            chosen = stage
+    if chosen is not None:
+        ss[KEY_STAGE] = chosen
+        ss.update(stage_settings(chosen))
+        st.rerun()
+    return settings.popover("Settings", width="stretch",
+                            help="Model, system, TP × PP, link, context, batch")
 
 
 def sources() -> None:

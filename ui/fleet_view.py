@@ -12,6 +12,7 @@ session. Every figure comes from `fleet.report`.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -43,11 +44,18 @@ METRIC_NAMES = {AUTOSCALE_OFF: "off (fixed replicas)", "queue": "queue length pe
 _RESULTS: dict[Any, tuple[dict[str, Any], dict[str, list]]] = {}
 _LOCK = threading.Lock()
 DAY_KEY = "presenter day"
-DAY_HOURS = 24.0  # the presenter's day (tests shorten it)
+# the presenter's day; BATCHLENS_FLEET_DAY_HOURS shortens it for a page's layout tests,
+# which need its charts, not the whole day's minutes of simulation
+DAY_HOURS = float(os.environ.get("BATCHLENS_FLEET_DAY_HOURS", "24"))
+
+
+PRESENTER_CHART_PX = 280  # the first row of charts' height in presenter mode: on one screen
 
 
 def intro() -> None:
     st.header("A day of a service")
+    if presenter.is_on():  # the scenario's line under its button says what it shows
+        return
     st.markdown(
         "Requests arrive through a simulated day; a router spreads them over replicas, "
         "each batching continuously over a paged KV cache; an autoscaler adds replicas, "
@@ -57,21 +65,35 @@ def intro() -> None:
         "each on a PC of their own.")
 
 
-def scenario() -> bool:
-    """The presenter's button; True once it was pressed in this session."""
-    kind = "primary" if presenter.is_on() else "secondary"
-    if st.button("A day of a 1,000-user service", key=K + "day_button", type=kind,
-                 help="Scripted: 1,000 connected, 200 active, 20 tokens/s each, through a "
-                      "day with a launch burst; Llama-3.1-70B on 8×H100 replicas"):
+DAY_HELP = ("Scripted: 1,000 connected, 200 active, 20 tokens/s each, through a day with a "
+            "launch burst; Llama-3.1-70B on 8×H100 replicas")
+
+
+def scenario() -> tuple[bool, Any]:
+    """The presenter's button; True once it was pressed in this session. In presenter
+    mode it sits in a row with a Settings popover, returned for `controls()` (else None)."""
+    on = presenter.is_on()
+    settings = None
+    if on:
+        st.caption("1,000 connected users, 200 active, 20 tokens/s each, through a day with "
+                   "a launch burst; Llama-3.1-70B on 8×H100 replicas.")
+        button, cell = st.columns([1, 1], vertical_alignment="center")
+        settings = cell.popover("Settings: trace, replicas, autoscaler", width="stretch")
+    else:
+        button = st
+    if button.button("A day of a 1,000-user service", key=K + "day_button",
+                     type="primary" if on else "secondary", help=DAY_HELP,
+                     width="stretch" if on else "content"):
         st.session_state[KEY_SCENARIO] = True
         st.session_state.pop(KEY_RUN, None)
-    return bool(st.session_state.get(KEY_SCENARIO))
+    return bool(st.session_state.get(KEY_SCENARIO)), settings
 
 
-def controls() -> FleetParams | None:
-    """The choices, and Run; the parameters of the last Run (None before one)."""
+def controls(where: Any = None) -> FleetParams | None:
+    """The choices, and Run; the parameters of the last Run (None before one). `where`:
+    the container the form goes in (presenter mode: the scenario's Settings popover)."""
     d = FleetParams()
-    with st.form(K + "form", border=True):
+    with where if where is not None else st.container(), st.form(K + "form", border=True):
         a, b, c = st.columns(3, gap="large")
         with a:
             st.markdown("**Trace**")
@@ -157,23 +179,35 @@ def results(params: FleetParams | None, day: bool) -> None:
     else:
         st.info("Pick a trace, a layout, a router and an autoscaler, then **Run**.")
         return
-    summary(s)
-    charts_block(series)
+    if presenter.is_on():  # the headline figures and the first charts on one screen
+        summary(s, costs=False)
+        charts_block(series)
+        cost_row(s)
+    else:
+        summary(s)
+        charts_block(series)
     local_block(s)
 
 
-def summary(s: dict[str, Any]) -> None:
+def summary(s: dict[str, Any], costs: bool = True) -> None:
+    """The run in one line, its latency and throughput figures, then (`costs`) its cost
+    figures."""
     st.markdown(f"**{s['trace']}** on **{s['layout']}**, router "
                 f"{ROUTER_NAMES.get(s['router'], s['router'])}: {s['requests']:,} requests "
                 f"over {s['simulated_s'] / 3600:.2f} simulated hours "
                 f"(simulated in {s['wall_s']:.1f} s).")
-    cols = st.columns(4)
+    cols = st.container(key="fleet-headline").columns(4)
     cols[0].metric("TTFT p50 / p99", f"{s['ttft_p50_s'] * 1e3:,.0f} / "
                    f"{s['ttft_p99_s'] * 1e3:,.0f} ms")
     cols[1].metric("TPOT p50 / p99", f"{s['tpot_p50_s'] * 1e3:,.1f} / "
                    f"{s['tpot_p99_s'] * 1e3:,.1f} ms")
     cols[2].metric("Throughput", f"{s['throughput_tokens_per_s']:,.0f} tokens/s")
     cols[3].metric("Finished / dropped", f"{s['finished']:,} / {s['dropped']:,}")
+    if costs:
+        cost_row(s)
+
+
+def cost_row(s: dict[str, Any]) -> None:
     cols = st.columns(4)
     cols[0].metric("GPU-hours", f"{s['gpu_hours']:,.1f}")
     cols[1].metric("Cost per million tokens", f"${s['dollars_per_million_tokens']:,.3f}")
@@ -182,11 +216,16 @@ def summary(s: dict[str, Any]) -> None:
 
 
 def charts_block(series: dict[str, list]) -> None:
+    """Demand vs capacity and the replicas (sized with presenter.figure_height: the first
+    screen), then latency and the queue."""
     left, right = st.columns(2, gap="large")
-    left.altair_chart(charts.tokens_chart(charts.frame(
-        series["tokens"], ["hour", "series", "tokens_per_s"])), use_container_width=True)
-    right.altair_chart(charts.replicas_chart(charts.frame(
-        series["replicas"], ["hour", "state", "replicas"])), use_container_width=True)
+    height = presenter.figure_height(PRESENTER_CHART_PX)
+    left.container(key="fleet-tokens-chart").altair_chart(charts.tokens_chart(charts.frame(
+        series["tokens"], ["hour", "series", "tokens_per_s"])), use_container_width=True,
+        height=height)
+    right.container(key="fleet-replicas-chart").altair_chart(
+        charts.replicas_chart(charts.frame(series["replicas"], ["hour", "state", "replicas"])),
+        use_container_width=True, height=height)
     left, right = st.columns(2, gap="large")
     left.altair_chart(charts.latency_chart(charts.frame(
         series["latency"], ["hour", "metric", "percentile", "seconds"])),

@@ -128,6 +128,48 @@ def test_the_scenario_gives_the_same_text_every_run() -> None:
     assert f"{df['comm_share'].iloc[3]:.0%}" in pcie
 
 
+def presenter_page() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.session_state["presenter"] = True
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_presenter_bar_steps_the_controls_through_the_scenario_s_layouts() -> None:
+    at = presenter_page()
+    popover = at.get("popover")[0]  # the settings fold into the bar's popover
+    assert {getattr(w, "key", None) for w in popover} >= {"dc_model", "dc_tp", "dc_link"}
+    at.button(key="dc_scenario_button").click().run()  # its first layout: TP=1
+    assert at.session_state["dc_stage"] == view.STAGES[0]
+    assert "Does not fit" in at.error[0].value and not at.success
+    for stage, (_, tp, link) in zip(view.STAGES[1:], view.SCENARIO_STEPS[1:], strict=True):
+        at.button(key=f"dc_stage_{stage}").click().run()
+        assert not at.exception, at.exception
+        layout = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=tp, link=link)
+        verdict = P.check(layout, 2048, 64)  # TP=2 holds the weights, not 64 users' KV
+        shown = at.success[0].value if verdict.ok else at.error[0].value
+        assert shown.startswith(f"Fits: {layout.gpus}× H100") if verdict.ok else (
+            shown == verdict.reason)
+        batch = min(64, P.max_batch(layout, 2048))
+        step = P.decode_step(layout, batch, 2048)
+        assert metric(at, f"Tokens/s total (batch {batch})") == view.fmt_number(
+            batch / step.seconds)
+        assert metric(at, "Communication share of the step") == (
+            f"{step.communication_share:.0%}")
+        primary = [b.key for b in at.button if b.proto.type == "primary"]
+        assert primary == [f"dc_stage_{stage}"]  # the bar highlights the layout shown
+    pick(at, dc_batch=32)  # a setting changed by hand: no stage is shown any more
+    assert [b.key for b in at.button if b.proto.type == "primary"] == ["dc_scenario_button"]
+
+
+def test_presenter_stages_follow_the_clicker_order() -> None:
+    assert view.STAGES == ("tp1", "tp2", "tp8", "tp8-pcie5")
+    assert [view.stage_settings(s)[view.KEY_TP] for s in view.STAGES] == [1, 2, 8, 8]
+    assert view.stage_settings("tp8-pcie5")[view.KEY_LINK] == "pcie5"
+    assert view.stage_settings("tp8")[view.KEY_LINK] == view.OWN_LINK
+
+
 # ---- chart builders ------------------------------------------------------------------
 def test_decode_chart_draws_measured_and_ideal() -> None:
     choice = view.Choice(P.Layout("llama-3.1-8b", "h200_sxm", "vllm", tp=2), 1024, 8, 512)

@@ -101,6 +101,24 @@ def test_the_presenter_day_gives_the_same_figures_twice(monkeypatch) -> None:
     assert [(m.label, m.value) for m in at.metric] == first
 
 
+def test_presenter_mode_puts_the_day_s_headline_and_first_charts_first() -> None:
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.session_state["presenter"] = True
+    at.run()
+    assert not at.exception, at.exception
+    popover = at.get("popover")[0]  # the form folds into the bar's Settings popover
+    assert {getattr(w, "key", None) for w in popover} >= {view.K + "trace", view.K + "layout"}
+    press(at, "A day of a 1,000-user service")
+    order = [e.type for e in at.main if e.type in ("metric", "vega_lite_chart")]
+    first_chart = order.index("vega_lite_chart")
+    assert order[:first_chart] == ["metric"] * 4  # latency and throughput, then the charts
+    labels = [m.label for m in at.metric]
+    assert labels[:4] == ["TTFT p50 / p99", "TPOT p50 / p99", "Throughput",
+                          "Finished / dropped"]
+    assert "GPU-hours" in labels[4:]  # the cost figures follow the charts
+    assert len(at.get("vega_lite_chart")) == 5
+
+
 @pytest.mark.exhaustive
 def test_the_presenter_scenario_repeats_exactly() -> None:
     a, sa = run_scenario(day_of_1000_users(1800.0))

@@ -44,14 +44,16 @@ STRIP = re.compile(r"running: (\d+) · waiting: (\d+) · yours: (\d+)")
 def streamlit_server(folder: Path, args: tuple[str, ...] = (),
                      env: dict[str, str] | None = None) -> Iterator[str]:
     """`streamlit run app.py` on a free localhost port, its log in `folder`; yields its URL.
-    `args` and `env` add Streamlit options and environment variables."""
+    `args` and `env` add Streamlit options and environment variables. The Fleet page's
+    presenter day is cut to its first hour: its layout is the day's, in seconds."""
     port = free_port()
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
            "--server.fileWatcherType", "none", "--server.port", str(port), *args]
     threads = os.environ.get("BATCHLENS_BROWSER_THREADS", "1")
     url = f"http://localhost:{port}"
     with child_server(cmd, f"{url}/_stcore/health", log=folder / "server.log", timeout=120,
-                      env={**os.environ, "OMP_NUM_THREADS": threads, **(env or {})},
+                      env={**os.environ, "OMP_NUM_THREADS": threads,
+                           "BATCHLENS_FLEET_DAY_HOURS": "1", **(env or {})},
                       cwd=ROOT):
         yield url
 

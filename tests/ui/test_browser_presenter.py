@@ -45,6 +45,18 @@ VIEWS = (
                   (FIRST_CHART,), stop="Stop"),
     PresenterView("hardware", "Hardware", None, FIRST_CHART,
                   (FIRST_CHART,)),
+    # the scenario's last layout: its verdict, decode figures and both charts
+    PresenterView("datacenter", "Datacenter", "TP=8: PCIe 5.0",
+                  ".st-key-dc_stage_tp8-pcie5 [data-testid='stBaseButton-primary']",
+                  (".st-key-dc-verdict", f".st-key-dc-decode-metrics {METRIC_VALUE}",
+                   f".st-key-dc-decode-chart {FIRST_CHART}",
+                   f".st-key-dc-breakdown-chart {FIRST_CHART}")),
+    # the day's figures and its first row of charts, once simulated (or read from disk)
+    PresenterView("fleet", "Fleet", "A day of a 1,000-user service",
+                  f".st-key-fleet-replicas-chart {FIRST_CHART}",
+                  (f".st-key-fleet-headline {METRIC_VALUE}",
+                   f".st-key-fleet-tokens-chart {FIRST_CHART}",
+                   f".st-key-fleet-replicas-chart {FIRST_CHART}")),
 )
 
 
