@@ -58,6 +58,21 @@ def keyed(at: AppTest, key: str):
     raise AssertionError(f"no container with key {key!r}")
 
 
+def pick(at: AppTest, **picks) -> AppTest:
+    """Set the main area's widgets (by key) to `picks` and rerun."""
+    for key, value in picks.items():
+        widget = next(w for w in at.main if getattr(w, "key", None) == key)
+        widget.set_value(value)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    """The value of the metric labelled `label`."""
+    return next(m.value for m in at.metric if m.label == label)
+
+
 def metrics(at: AppTest, side: str) -> dict[str, str]:
     """The metric values shown in one side's column ("local" or "datacenter")."""
     return {m.label: m.value for m in keyed(at, f"side-{side}").metric}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from apptest import metric, pick
 from streamlit.testing.v1 import AppTest
 
 from measure import capacity as cap
@@ -23,20 +24,6 @@ def page(**picks) -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=120).run()
     assert not at.exception, at.exception
     return pick(at, **picks)
-
-
-def pick(at: AppTest, **picks) -> AppTest:
-    """Set the widgets (by key) to `picks` and rerun."""
-    for key, value in picks.items():
-        widget = next(w for w in at.main if getattr(w, "key", None) == key)
-        widget.set_value(value)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def metric(at: AppTest, label: str) -> str:
-    return next(m.value for m in at.metric if m.label == label)
 
 
 @pytest.mark.exhaustive

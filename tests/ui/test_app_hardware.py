@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from apptest import metric, pick
 from streamlit.testing.v1 import AppTest
 
 from engine.memory.budget import GIB
@@ -35,17 +36,7 @@ def page(**picks) -> AppTest:
     """The page, run once, then once more with the widgets (by key) set to `picks`."""
     at = AppTest.from_file(PAGE, default_timeout=60).run()
     assert not at.exception, at.exception
-    if picks:
-        for key, value in picks.items():
-            widget = next(w for w in at.main if getattr(w, "key", None) == key)
-            widget.set_value(value)
-        at.run()
-        assert not at.exception, at.exception
-    return at
-
-
-def metric(at: AppTest, label: str) -> str:
-    return next(m.value for m in at.metric if m.label == label)
+    return pick(at, **picks) if picks else at
 
 
 def number(text: str) -> float:
