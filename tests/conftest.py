@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.loaded import LoadedModel
+# Triton reads TRITON_INTERPRET when it is first imported (its language's own jitted helpers
+# are built then), and other tests' imports may import it first; without CUDA its kernel's
+# tests run in the interpreter, so the session sets it before anything imports Triton.
+# The engine calls the Triton kernel on CUDA devices only, so nothing else changes.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from engine.models.loaded import LoadedModel  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # the device tests run on; set BATCHLENS_TEST_DEVICE=cuda on a GPU machine
