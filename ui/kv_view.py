@@ -52,7 +52,7 @@ def chart_templates() -> dict[str, dict]:
     return templates
 
 
-PRESENTER_MAP_PX = 270  # a block map's height in presenter mode: on the first screen
+PRESENTER_MAP_PX = 240  # a block map's height in presenter mode: on the first screen
 
 
 def draw(name: str, df: pd.DataFrame, height: int | str = "content") -> None:
