@@ -146,6 +146,19 @@ class LlamaModel:
                                     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         self.cpu_onednn_matmuls = device.type == "cpu" and any(
             lin.packed or (dtype != torch.float32 and not lin.kernel) for lin in linears)
+        # every layer in one native call (csrc/decoder.cpp) where each of its matmuls is the
+        # bfloat16 kernel and the native attention kernel attends every row of the step
+        self.attention_kernel = native.paged_decode(device, dtype)
+        self.layer_stack: list[torch.Tensor] | None = None
+        if self.fused_ops and self.attention_kernel is not None and all(
+                lin.kernel for lin in linears[1:]):
+            empty = torch.empty(0, dtype=dtype, device=device)
+            self.layer_stack = [
+                t for layer in self.layers
+                for t in (layer.input_norm, layer.qkv.weight,
+                          layer.qkv.bias if layer.qkv.bias is not None else empty,
+                          layer.o.weight, layer.post_norm, layer.gate_up.weight,
+                          layer.down.weight)]
         # cos/sin for every position, in float32 as transformers computes them
         pos = torch.arange(arch.max_position_embeddings, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]
@@ -215,12 +228,22 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor,
     ) -> torch.Tensor:
         """`forward` with the layer's elementwise work in three fused calls (csrc/layer_ops):
-        the residual stream `x` is updated in place by each `add_rms_norm`."""
+        the residual stream `x` is updated in place by each `add_rms_norm`. Where the kernels
+        serve every layer and row of the step, one call runs the same ops (csrc/decoder.cpp)."""
         arch, ops = self.arch, torch.ops.batchlens
         t, eps = input_ids.shape[0], arch.rms_norm_eps
         h, kvh, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         q_end, k_end = h * d, (h + kvh) * d
         x = self.embed[input_ids]
+        kd = meta.kernel_decode
+        if (self.layer_stack is not None and kd is not None and kd.num_seqs == t
+                and kd.kernel is self.attention_kernel):
+            delta = ops.forward_layers(
+                x, self.layer_stack, [k for k, _ in kv_caches], [v for _, v in kv_caches],
+                self.cos, self.sin, positions, meta.slot_mapping, kd.block_tables,
+                kd.context_lens, h, kvh, eps, self.scale)
+            x = ops.add_rms_norm(x[logits_rows], delta[logits_rows], self.norm, eps)
+            return self.lm_head(x)
         delta = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             hs = ops.add_rms_norm(x, delta, layer.input_norm, eps)

@@ -8,7 +8,8 @@ and reads every K/V byte once, keeping the softmax running in float32. The layer
 (layer_ops.cpp) replace the dozen small torch ops around the matmuls of each layer
 (residual add + RMSNorm, RoPE + the K/V write, SiLU x up) by three calls. The matmul
 kernel (bf16_gemm.cpp, `engine.models.linear`) streams weights faster than oneDNN at the
-few rows of a decode step, and is as fast at a prompt's hundreds.
+few rows of a decode step, and is as fast at a prompt's hundreds. Where all of these serve
+a step, the decoder stack (decoder.cpp) runs every layer of it in one call.
 
 All are compiled with torch's own extension builder (g++ and ninja) into kernels/ under
 the user cache (`$BATCHLENS_CACHE` or ~/.cache/batchlens) the first time a model loads on a
@@ -39,8 +40,9 @@ from engine.models import loader
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("paged_attention.cpp", "layer_ops.cpp", "bf16_gemm.cpp")]
-HEADERS = [Path(__file__).parent / "csrc" / "simd.h"]  # included by the sources
+           for name in ("paged_attention.cpp", "layer_ops.cpp", "bf16_gemm.cpp", "decoder.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / name  # included by the sources
+           for name in ("simd.h", "kernels.h")]
 BASE_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}  # BATCHLENS_NATIVE_ISA
 

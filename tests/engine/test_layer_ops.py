@@ -160,3 +160,39 @@ def test_the_fused_bfloat16_forward_gives_the_unfused_logits(tiny_models):
     fused, plain = fused.float(), plain.float()
     assert (fused - plain).abs().max().item() < 0.05 * plain.abs().max().item()
     assert torch.equal(fused.argmax(-1), plain.argmax(-1))
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not native.bf16_linear(torch.device("cpu"), torch.bfloat16),
+                    reason="the layer stack runs where every matmul is the bfloat16 kernel")
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
+def test_the_layer_stack_in_one_call_gives_the_per_layer_logits_bit_for_bit(tiny_models, kind):
+    """csrc/decoder.cpp runs every layer in one call: the same ops on the same tensors as
+    the per-layer loop, so the same bits, on a step whose rows (two prompts, each row a
+    query over its own prefix) all go to the attention kernel; the K/V it writes too."""
+    from engine.models.attention import AttentionMetadata, KernelDecode
+    from engine.models.llama import LlamaModel
+
+    model = LlamaModel.from_folder(tiny_models[kind], torch.device("cpu"), torch.bfloat16)
+    stack = model.layer_stack
+    assert stack is not None and len(stack) == 7 * model.arch.num_layers
+    arch = model.arch
+    ids = torch.tensor([5, 9, 300, 17, 2, 44, 81, 7, 600, 3])
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1, 2, 3])
+    tables = torch.tensor([[0]] * 6 + [[1]] * 4, dtype=torch.int32)
+    lens = torch.tensor([1, 2, 3, 4, 5, 6, 1, 2, 3, 4], dtype=torch.int32)
+    runs = []
+    for layers in (stack, None):
+        model.layer_stack = layers
+        meta = AttentionMetadata(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5, 8, 9, 10, 11]),
+                                 kernel_decode=KernelDecode(model.attention_kernel, tables, lens))
+        caches = [(torch.zeros(arch.num_kv_heads, 2, 8, arch.head_dim, dtype=torch.bfloat16),
+                   torch.zeros(arch.num_kv_heads, 2, 8, arch.head_dim, dtype=torch.bfloat16))
+                  for _ in range(arch.num_layers)]
+        runs.append((model.forward(ids, positions, meta, caches, torch.tensor([5, 9])), caches))
+    (one_call, kv_one), (per_layer, kv_per) = runs
+    assert one_call.shape == (2, arch.vocab_size)
+    assert torch.equal(one_call, per_layer)
+    assert all(torch.equal(a, b) for (ka, va), (kb, vb) in zip(kv_one, kv_per, strict=True)
+               for a, b in ((ka, kb), (va, vb)))
+    assert kv_one[0][0].abs().sum() > 0  # the K/V were written

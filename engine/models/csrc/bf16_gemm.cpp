@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "kernels.h"
+
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
@@ -103,7 +105,11 @@ void gemm(const at::BFloat16* x, int64_t x_stride, const at::BFloat16* w,
 constexpr bool kSupported = false;
 #endif
 
-bool supported() { return kSupported; }
+}  // namespace
+
+namespace batchlens {
+
+bool bf16_linear_supported() { return kSupported; }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                        const c10::optional<at::Tensor>& bias) {
@@ -130,13 +136,13 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
   return y;
 }
 
-}  // namespace
+}  // namespace batchlens
 
 TORCH_LIBRARY_FRAGMENT(batchlens, m) {
-  m.def("bf16_linear_supported() -> bool", &supported);
+  m.def("bf16_linear_supported() -> bool", &batchlens::bf16_linear_supported);
   m.def("bf16_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
-  m.impl("bf16_linear", &bf16_linear);
+  m.impl("bf16_linear", &batchlens::bf16_linear);
 }

@@ -25,6 +25,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels.h"
 #include "simd.h"
 
 #if defined(__AVX512F__)
@@ -100,6 +101,10 @@ void add_rms_norm_impl(T* x, const T* delta, const T* w, T* out, int64_t rows, i
   });
 }
 
+}  // namespace
+
+namespace batchlens {
+
 at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
                         const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
@@ -124,6 +129,10 @@ at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
   });
   return out;
 }
+
+}  // namespace batchlens
+
+namespace {
 
 // RoPE as transformers applies it (rotate_half): for i < D/2
 //   out[i]       = x[i] cos[i] - x[i + D/2] sin[i]
@@ -157,6 +166,10 @@ void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
     }
   });
 }
+
+}  // namespace
+
+namespace batchlens {
 
 void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& positions, at::Tensor k_cache, at::Tensor v_cache,
@@ -195,6 +208,10 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
   });
 }
 
+}  // namespace batchlens
+
+namespace {
+
 #if defined(__AVX512F__)
 // 16 lanes of SiLU(g) * u for bfloat16: e^-g by exp_ps, 1 / (1 + e^-g) by the 14-bit
 // reciprocal (bfloat16 keeps 8 bits), rounded to nearest even on the way out
@@ -232,6 +249,10 @@ void silu_mul_impl(const T* in, T* out, int64_t rows, int64_t n, int64_t in_stri
   });
 }
 
+}  // namespace
+
+namespace batchlens {
+
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.stride(1) == 1 &&
                   gate_up.size(1) % 2 == 0,
@@ -244,6 +265,10 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   });
   return out;
 }
+
+}  // namespace batchlens
+
+namespace {
 
 // The index of each row's largest value (the first one on ties, a NaN above everything),
 // read from bfloat16 in place: greedy sampling without a float32 copy of the logits
@@ -318,8 +343,8 @@ TORCH_LIBRARY_FRAGMENT(batchlens, m) {
 }
 
 TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
-  m.impl("add_rms_norm", &add_rms_norm);
-  m.impl("rope_write_kv", &rope_write_kv);
-  m.impl("silu_mul", &silu_mul);
+  m.impl("add_rms_norm", &batchlens::add_rms_norm);
+  m.impl("rope_write_kv", &batchlens::rope_write_kv);
+  m.impl("silu_mul", &batchlens::silu_mul);
   m.impl("argmax_rows", &argmax_rows);
 }

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -584,6 +585,10 @@ bool decode_avx2_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
 }
 #endif
 
+}  // namespace
+
+namespace batchlens {
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale) {
@@ -650,7 +655,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
-}  // namespace
+}  // namespace batchlens
 
 TORCH_LIBRARY(batchlens, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
@@ -658,5 +663,5 @@ TORCH_LIBRARY(batchlens, m) {
 }
 
 TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
-  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("paged_decode_attention", &batchlens::paged_decode_attention);
 }

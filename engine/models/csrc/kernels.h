@@ -1,0 +1,27 @@
+// The kernels' entry points, callable from C++ as well as registered as torch ops: the
+// decoder stack (decoder.cpp) runs them back to back without a trip through Python.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace batchlens {
+
+// bf16_gemm.cpp
+bool bf16_linear_supported();
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
+                       const c10::optional<at::Tensor>& bias);
+
+// layer_ops.cpp
+at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
+                        const at::Tensor& weight, double eps);
+void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& positions, at::Tensor k_cache, at::Tensor v_cache,
+                   const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
+// paged_attention.cpp
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& context_lens, double scale);
+
+}  // namespace batchlens
