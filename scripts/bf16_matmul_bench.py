@@ -4,7 +4,7 @@ Times SmolLM2-135M's 120 layer matmuls (QKV, O, gate/up, down of 30 layers; rand
 far past the caches) at each row count both ways, through `engine.models.linear.Linear`:
 oneDNN's packed weights (`pack=True`, what a bfloat16 step runs on CPUs with AMX or with
 BATCHLENS_BF16_KERNEL=0) and the kernel (`kernel=True`). Prints ms, TFLOPS and the ratio, and
-the kernel's largest error against the exact product. Needs a CPU with AVX512_BF16.
+the kernel's largest error against the exact product. Needs a CPU with AVX512_BF16 or AVX2.
 
     python scripts/bf16_matmul_bench.py [--rows 1,4,16,64,512]
 """
@@ -40,8 +40,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,24,32,48,64,128,256,512,1024",
                     help="comma-separated row counts")
     a = ap.parse_args()
-    if not native.bf16_linear():
-        raise SystemExit("this CPU or build has no AVX512_BF16 kernel: "
+    if not native.bf16_linear_built():
+        raise SystemExit("this CPU or build has no bfloat16 matmul kernel: "
                          + native.status(torch.bfloat16))
     gen = torch.Generator().manual_seed(0)
     raw = [[torch.randn(o, i, generator=gen).bfloat16() for o, i in SHAPES]

@@ -44,7 +44,7 @@ def pick_dtype(dtype: str, device: torch.device,
     kernels = "|".join(os.environ.get(k, "") for k in (
         "BATCHLENS_NATIVE", "BATCHLENS_NATIVE_ISA", "BATCHLENS_BF16_KERNEL", "ATEN_CPU_CAPABILITY",
         "ONEDNN_MAX_CPU_ISA"))
-    machine = (f"{device_name('cpu')}|torch {torch.__version__}|steps v3|kernels {kernels}|"
+    machine = (f"{device_name('cpu')}|torch {torch.__version__}|steps v4|kernels {kernels}|"
                f"{folder.resolve()}")
     path = loader.cache_root() / "dtype" / f"{hashlib.sha256(machine.encode()).hexdigest()[:16]}.json"
     try:

@@ -1,5 +1,5 @@
 """The native CPU kernels (csrc/), built once on first use: the decode-attention kernel, the
-decoder layer's fused elementwise ops and, on CPUs with AVX512_BF16, the bfloat16 matmuls.
+decoder layer's fused elementwise ops and the bfloat16 matmuls (AVX512_BF16 or AVX2).
 
 Decode attention in plain torch has to gather every request's K/V blocks into a padded
 copy before two batched matmuls can read them: on a small CPU that copy plus the small
@@ -123,8 +123,8 @@ def paged_decode(device: torch.device, dtype: torch.dtype) -> PagedDecode | None
 
 def bf16_linear_built() -> bool:
     """Whether the bfloat16 matmul kernel (csrc/bf16_gemm.cpp,
-    `torch.ops.batchlens.bf16_linear`) is built: the CPU has AVX512_BF16 and the kernels
-    were built with it."""
+    `torch.ops.batchlens.bf16_linear`) is built: the CPU has AVX512_BF16, or AVX2 and FMA,
+    and the kernels were built with it."""
     return _build()[0] and bool(torch.ops.batchlens.bf16_linear_supported())
 
 
@@ -173,6 +173,6 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
     attention = "the kernel" if paged_decode(cpu, dtype) else "torch"
     matmuls = ""
     if dtype == torch.bfloat16:
-        matmuls = "; matmuls: " + ("the AVX512_BF16 kernel" if bf16_linear(cpu, dtype)
+        matmuls = "; matmuls: " + ("the bfloat16 kernel" if bf16_linear(cpu, dtype)
                                    else "oneDNN")
     return f"native kernels: {reason}{matmuls}; decode attention: {attention}"

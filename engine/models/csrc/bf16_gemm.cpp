@@ -1,5 +1,5 @@
-// y = x W^T + b in bfloat16 on a CPU with AVX512_BF16: every matmul of the model, at any
-// row count, in place of oneDNN's packed weights.
+// y = x W^T + b in bfloat16 on a CPU with AVX512_BF16 or AVX2: every matmul of the model,
+// at any row count, in place of oneDNN's packed weights.
 //
 // At the few rows of a decode step a matmul only has to stream its weights once; oneDNN's
 // packed layout reads them at about half the bandwidth a plain sum over them reaches.
@@ -11,6 +11,14 @@
 // byte leaves memory once whatever the row count, and from ~16 rows on the tile is bound by
 // its dot products. Two output vectors per tile, not one, halve the broadcasts per dot
 // product, which makes 16-64 row steps about a quarter faster than one vector per tile.
+//
+// Without AVX512_BF16 (AVX2 and FMA: most x86 CPUs) the same layout is read by 32-byte
+// loads, each pair of K widened to two float32 vectors by a shift and a mask (bfloat16 is
+// the top half of a float32) and summed by two FMAs, rows 2 at a time (8 accumulators and
+// 4 broadcasts of the 16 vector registers). There torch has no fast bfloat16 matmul at
+// all, and a float32 model streams twice the bytes: at a decode step's few rows this
+// kernel reads bfloat16 weights at memory speed, which is what makes bfloat16 the faster
+// dtype on such a CPU (`engine.models.probe` times both).
 //
 //   x        [M, K] bfloat16, unit column stride (row stride free, even)
 //   w        [N/32, K/2, 32, 2] bfloat16   (`linear.pack_for_kernel` of W [N, K])
@@ -27,7 +35,7 @@
 
 #include "kernels.h"
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -101,6 +109,86 @@ void gemm(const at::BFloat16* x, int64_t x_stride, const at::BFloat16* w,
     }
   });
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr bool kSupported = true;
+constexpr int64_t kPrefetch = 64;  // pairs of K ahead (64 x 128 B = 8 KiB)
+constexpr int64_t kTileRows = 2;   // 8 accumulators + 4 broadcasts of the 16 registers
+
+// Rows [0, R) of x against one 32-output block wb: 4R accumulators of 8 outputs.
+template <int R, bool kFromMemory>
+inline void tile(const uint32_t* x, int64_t x_stride, const at::BFloat16* wb, int64_t kp,
+                 const __m256* init, at::BFloat16* y, int64_t y_stride) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = init[v];
+  for (int64_t k = 0; k < kp; ++k) {
+    const at::BFloat16* wk = wb + k * 64;
+    if (kFromMemory) {
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64 + 32), _MM_HINT_T0);
+    }
+    __m256 xe[R], xo[R];  // x[r][2k] and x[r][2k + 1], broadcast
+    for (int r = 0; r < R; ++r) {
+      const __m256i xr = _mm256_set1_epi32(static_cast<int>(x[r * x_stride + k]));
+      xe[r] = _mm256_castsi256_ps(_mm256_slli_epi32(xr, 16));
+      xo[r] = _mm256_castsi256_ps(_mm256_and_si256(xr, high));
+    }
+    for (int v = 0; v < 4; ++v) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + v * 16));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(raw, high));
+      for (int r = 0; r < R; ++r)
+        acc[r][v] = _mm256_fmadd_ps(wo, xo[r], _mm256_fmadd_ps(we, xe[r], acc[r][v]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) {  // round to nearest even, keep the top half
+      __m256i bits = _mm256_castps_si256(acc[r][v]);
+      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+      bits = _mm256_srli_epi32(
+          _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+      // packus works per 128-bit lane: [b0-3 b0-3 | b4-7 b4-7] -> b0-7 in the low lane
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + r * y_stride + v * 8),
+                       _mm256_castsi256_si128(packed));
+    }
+}
+
+template <bool kFromMemory>
+void tile_dispatch(int64_t rows, const uint32_t* x, int64_t xs, const at::BFloat16* wb,
+                   int64_t kp, const __m256* init, at::BFloat16* y, int64_t ys) {
+  if (rows == 2)
+    tile<2, kFromMemory>(x, xs, wb, kp, init, y, ys);
+  else
+    tile<1, kFromMemory>(x, xs, wb, kp, init, y, ys);
+}
+
+inline __m256 bias8(const at::BFloat16* b) {  // bfloat16 is the top half of a float32
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))), 16));
+}
+
+void gemm(const at::BFloat16* x, int64_t x_stride, const at::BFloat16* w,
+          const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t k, int64_t n) {
+  const int64_t kp = k / 2, xs = x_stride / 2;  // in pairs of K
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
+  at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const at::BFloat16* wb = w + b * kp * 64;
+      __m256 init[4];
+      for (int v = 0; v < 4; ++v)
+        init[v] = bias != nullptr ? bias8(bias + b * 32 + v * 8) : _mm256_setzero_ps();
+      for (int64_t r = 0; r < m; r += kTileRows) {
+        const int64_t rows = m - r < kTileRows ? m - r : kTileRows;
+        if (r == 0)
+          tile_dispatch<true>(rows, xp, xs, wb, kp, init, y + b * 32, n);
+        else
+          tile_dispatch<false>(rows, xp + r * xs, xs, wb, kp, init, y + r * n + b * 32, n);
+      }
+    }
+  });
+}
 #else
 constexpr bool kSupported = false;
 #endif
@@ -113,7 +201,7 @@ bool bf16_linear_supported() { return kSupported; }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                        const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(kSupported, "bf16_linear: built without AVX512_BF16");
+  TORCH_CHECK(kSupported, "bf16_linear: built without AVX512_BF16 or AVX2");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1
               && x.stride(0) % 2 == 0, "bf16_linear: x must be [M, K] bfloat16 with unit "
               "column stride and an even row stride");
@@ -129,7 +217,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
     b = bias->data_ptr<at::BFloat16>();
   }
   auto y = at::empty({m, n}, x.options());
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
   if (m > 0) gemm(x.data_ptr<at::BFloat16>(), x.stride(0), w.data_ptr<at::BFloat16>(), b,
                   y.data_ptr<at::BFloat16>(), m, k, n);
 #endif
