@@ -1,5 +1,5 @@
-"""Fixtures for the page tests: a fresh shared engine (AppTest), a headless Chromium
-(browser tests)."""
+"""Fixtures for the page tests: a fresh shared engine (AppTest), a headless Chromium and
+one dashboard server for the browser tests."""
 
 from __future__ import annotations
 
@@ -37,3 +37,14 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory):
+    """The dashboard as `make run` starts it, one for every browser module that wants that
+    (each start loads the model again in the server, ~25 s on two cores); modules that need
+    other options or a server no session has opened start their own. Yields its URL."""
+    from test_browser import streamlit_server
+
+    with streamlit_server(tmp_path_factory.mktemp("streamlit")) as url:
+        yield url

@@ -59,10 +59,10 @@ def streamlit_server(folder: Path, args: tuple[str, ...] = (),
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The dashboard as `make run` starts it (a local instance); yields its URL."""
-    with streamlit_server(tmp_path_factory.mktemp("streamlit")) as url:
-        yield url
+def server(app_server: str) -> str:
+    """The dashboard as `make run` starts it (a local instance), shared with the other
+    browser modules (tests/ui/conftest.py); its URL."""
+    return app_server
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from polling import wait_for
-from test_browser import shots, streamlit_server  # noqa: F401  (shots: a fixture)
+from test_browser import shots  # noqa: F401  (a fixture)
 
 from measure import projection as P
 from ui import datacenter_view as view
@@ -20,9 +20,10 @@ BROWSER_SYSTEMS = ("h100_sxm", "b200_sxm", "l40s")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with streamlit_server(tmp_path_factory.mktemp("streamlit")) as url:
-        yield url
+def server(app_server: str) -> str:
+    """The dashboard as `make run` starts it (a local instance), shared with the other
+    browser modules (tests/ui/conftest.py); its URL."""
+    return app_server
 
 
 def open_page(browser, url: str):

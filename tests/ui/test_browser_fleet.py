@@ -4,15 +4,15 @@ the form, its figures and charts drawn, and the presenter's day."""
 from __future__ import annotations
 
 import pytest
-from test_browser import streamlit_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]  # the app loads the shared engine
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with streamlit_server(tmp_path_factory.mktemp("streamlit")) as url:
-        yield url
+def server(app_server: str) -> str:
+    """The dashboard as `make run` starts it (a local instance), shared with the other
+    browser modules (tests/ui/conftest.py); its URL."""
+    return app_server
 
 
 def open_fleet(browser, url: str):
