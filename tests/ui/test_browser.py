@@ -1,6 +1,7 @@
 """The dashboard in a real browser: Debian's Chromium driven by Playwright's Python package.
 
-The app is started once per module with `streamlit run` on a free localhost port. Tests
+The app is started with `streamlit run` on a free localhost port, once for the browser
+modules that want it as `make run` starts it (`app_server`, tests/ui/conftest.py). Tests
 wait on specific elements (metrics, charts, the summary), never on network idle: the
 page streams over a websocket.
 
