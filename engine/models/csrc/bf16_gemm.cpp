@@ -90,24 +90,13 @@ inline __m512 bias16(const at::BFloat16* b) {  // bfloat16 is the top half of a 
       _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))), 16));
 }
 
-void gemm(const at::BFloat16* x, int64_t x_stride, const at::BFloat16* w,
-          const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t k, int64_t n) {
-  const int64_t kp = k / 2, xs = x_stride / 2;  // in pairs of K
-  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
-  at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const at::BFloat16* wb = w + b * kp * 64;
-      __m512 init[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-      if (bias != nullptr) init[0] = bias16(bias + b * 32), init[1] = bias16(bias + b * 32 + 16);
-      for (int64_t r = 0; r < m; r += kTileRows) {
-        const int64_t rows = m - r < kTileRows ? m - r : kTileRows;
-        if (r == 0)
-          tile_dispatch<true>(rows, xp, xs, wb, kp, init, y + b * 32, n);
-        else
-          tile_dispatch<false>(rows, xp + r * xs, xs, wb, kp, init, y + r * n + b * 32, n);
-      }
-    }
-  });
+// A 32-output block's accumulators before the first K: its biases, or zeros (b: null)
+struct BlockInit {
+  __m512 v[2];
+};
+inline BlockInit block_init(const at::BFloat16* b) {
+  if (b == nullptr) return {{_mm512_setzero_ps(), _mm512_setzero_ps()}};
+  return {{bias16(b), bias16(b + 16)}};
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr bool kSupported = true;
@@ -169,6 +158,21 @@ inline __m256 bias8(const at::BFloat16* b) {  // bfloat16 is the top half of a f
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))), 16));
 }
 
+struct BlockInit {
+  __m256 v[4];
+};
+inline BlockInit block_init(const at::BFloat16* b) {
+  if (b == nullptr)
+    return {{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}};
+  return {{bias8(b), bias8(b + 8), bias8(b + 16), bias8(b + 24)}};
+}
+#else
+constexpr bool kSupported = false;
+#endif
+
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
+// Threads split the 32-output blocks; a block's rows go a tile at a time, the first tile
+// streaming the block's weights from memory, the rest reading them from cache.
 void gemm(const at::BFloat16* x, int64_t x_stride, const at::BFloat16* w,
           const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t k, int64_t n) {
   const int64_t kp = k / 2, xs = x_stride / 2;  // in pairs of K
@@ -176,21 +180,17 @@ void gemm(const at::BFloat16* x, int64_t x_stride, const at::BFloat16* w,
   at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const at::BFloat16* wb = w + b * kp * 64;
-      __m256 init[4];
-      for (int v = 0; v < 4; ++v)
-        init[v] = bias != nullptr ? bias8(bias + b * 32 + v * 8) : _mm256_setzero_ps();
+      const BlockInit init = block_init(bias != nullptr ? bias + b * 32 : nullptr);
       for (int64_t r = 0; r < m; r += kTileRows) {
         const int64_t rows = m - r < kTileRows ? m - r : kTileRows;
         if (r == 0)
-          tile_dispatch<true>(rows, xp, xs, wb, kp, init, y + b * 32, n);
+          tile_dispatch<true>(rows, xp, xs, wb, kp, init.v, y + b * 32, n);
         else
-          tile_dispatch<false>(rows, xp + r * xs, xs, wb, kp, init, y + r * n + b * 32, n);
+          tile_dispatch<false>(rows, xp + r * xs, xs, wb, kp, init.v, y + r * n + b * 32, n);
       }
     }
   });
 }
-#else
-constexpr bool kSupported = false;
 #endif
 
 }  // namespace
