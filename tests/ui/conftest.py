@@ -40,9 +40,9 @@ def browser():
 
 
 @pytest.fixture(scope="session")
-def app_server(tmp_path_factory):
-    """The dashboard as `make run` starts it, one for every browser module that wants that
-    (each start loads the model again in the server, ~25 s on two cores); modules that need
+def server(tmp_path_factory):
+    """The dashboard as `make run` starts it (a local instance), one for every browser module
+    that wants that, since each start loads the model again in the server; modules that need
     other options or a server no session has opened start their own. Yields its URL."""
     from test_browser import streamlit_server
 

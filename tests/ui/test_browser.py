@@ -1,7 +1,7 @@
 """The dashboard in a real browser: Debian's Chromium driven by Playwright's Python package.
 
 The app is started with `streamlit run` on a free localhost port, once for the browser
-modules that want it as `make run` starts it (`app_server`, tests/ui/conftest.py). Tests
+modules that want it as `make run` starts it (`server`, tests/ui/conftest.py). Tests
 wait on specific elements (metrics, charts, the summary), never on network idle: the
 page streams over a websocket.
 
@@ -57,13 +57,6 @@ def streamlit_server(folder: Path, args: tuple[str, ...] = (),
                            "BATCHLENS_FLEET_DAY_HOURS": "1", **(env or {})},
                       cwd=ROOT):
         yield url
-
-
-@pytest.fixture(scope="module")
-def server(app_server: str) -> str:
-    """The dashboard as `make run` starts it (a local instance), shared with the other
-    browser modules (tests/ui/conftest.py); its URL."""
-    return app_server
 
 
 @pytest.fixture(scope="module")

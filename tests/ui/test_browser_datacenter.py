@@ -19,13 +19,6 @@ MODEL = "llama-3.1-70b"
 BROWSER_SYSTEMS = ("h100_sxm", "b200_sxm", "l40s")
 
 
-@pytest.fixture(scope="module")
-def server(app_server: str) -> str:
-    """The dashboard as `make run` starts it (a local instance), shared with the other
-    browser modules (tests/ui/conftest.py); its URL."""
-    return app_server
-
-
 def open_page(browser, url: str):
     page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
     page.set_default_timeout(300_000)  # a busy machine: the model load, then the tables

@@ -8,13 +8,6 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.model]  # the app loads the shared engine
 
 
-@pytest.fixture(scope="module")
-def server(app_server: str) -> str:
-    """The dashboard as `make run` starts it (a local instance), shared with the other
-    browser modules (tests/ui/conftest.py); its URL."""
-    return app_server
-
-
 def open_fleet(browser, url: str):
     page = browser.new_context(viewport={"width": 1600, "height": 1100}).new_page()
     page.set_default_timeout(180_000)

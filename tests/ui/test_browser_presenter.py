@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from page_geometry import PresenterView, misfits
 from polling import wait_for
-from test_browser import RACE_TIMEOUT_MS, server, shots  # noqa: F401 (fixtures)
+from test_browser import RACE_TIMEOUT_MS, shots  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
 
