@@ -141,7 +141,7 @@ def _matmul_tflops(dev: torch.device, dtype: torch.dtype, budget: float) -> floa
     if native.bf16_linear(dev, dtype):
         # the matmul a bfloat16 step runs on this CPU (a x b^T, the same FLOPs): torch's own
         # bfloat16 matmul has no fast path on a CPU without AVX512_BF16, where it runs
-        # ~400x slower than the kernel and a calibration would take minutes
+        # orders of magnitude slower than the kernel and a calibration takes minutes
         packed = pack_for_kernel(b)
         fn = lambda: torch.ops.batchlens.bf16_linear(a, packed, None)  # noqa: E731
     secs = _best_seconds(fn, budget, _sync(dev))

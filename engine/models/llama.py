@@ -242,19 +242,18 @@ class LlamaModel:
                 x, self.layer_stack, [k for k, _ in kv_caches], [v for _, v in kv_caches],
                 self.cos, self.sin, positions, meta.slot_mapping, kd.block_tables,
                 kd.context_lens, h, kvh, eps, self.scale)
-            x = ops.add_rms_norm(x[logits_rows], delta[logits_rows], self.norm, eps)
-            return self.lm_head(x)
-        delta = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            hs = ops.add_rms_norm(x, delta, layer.input_norm, eps)
-            qkv = layer.qkv(hs)
-            ops.rope_write_kv(qkv, self.cos, self.sin, positions, k_cache, v_cache,
-                              meta.slot_mapping, h, kvh)
-            q = qkv[:, :q_end].view(t, h, d)
-            k = qkv[:, q_end:k_end].view(t, kvh, d)
-            v = qkv[:, k_end:].view(t, kvh, d)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            hs = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
-            delta = layer.down(ops.silu_mul(layer.gate_up(hs)))
+        else:
+            delta = None
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+                hs = ops.add_rms_norm(x, delta, layer.input_norm, eps)
+                qkv = layer.qkv(hs)
+                ops.rope_write_kv(qkv, self.cos, self.sin, positions, k_cache, v_cache,
+                                  meta.slot_mapping, h, kvh)
+                q = qkv[:, :q_end].view(t, h, d)
+                k = qkv[:, q_end:k_end].view(t, kvh, d)
+                v = qkv[:, k_end:].view(t, kvh, d)
+                attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+                hs = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
+                delta = layer.down(ops.silu_mul(layer.gate_up(hs)))
         x = ops.add_rms_norm(x[logits_rows], delta[logits_rows], self.norm, eps)
         return self.lm_head(x)

@@ -9,10 +9,10 @@
 //   hs = add_rms_norm(x, attn Wo^T, post_norm)
 //   delta = silu_mul(hs Wgu^T) Wdown^T
 //
-// and returns the last layer's delta (the caller adds it for the final norm). At batch 1 a
-// step's weights stream in ~3 ms on a small CPU, and ~300 Python-level op calls per step
-// (nine per layer, with their views and argument checks) cost ~2 ms more: called from C++
-// they cost nothing next to the matmuls.
+// and returns the last layer's delta (the caller adds it for the final norm). At a decode
+// step's few rows the weights stream in a few milliseconds, and nine Python-level op calls
+// per layer (with their views and argument checks) cost time of the same order: called
+// from C++ they cost nothing next to the matmuls.
 //
 //   weights  7 per layer: input_norm, qkv (packed), qkv bias (an empty tensor: none),
 //            o (packed), post_norm, gate_up (packed), down (packed)
