@@ -46,11 +46,13 @@ def build_at(rev: str) -> Op:
 
     src = {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
                                 capture_output=True, text=True).stdout
-           for name in ("paged_attention.cpp", "simd.h")}
-    src["paged_attention.cpp"] = (src["paged_attention.cpp"]
-                                  .replace("TORCH_LIBRARY(batchlens,", "TORCH_LIBRARY(batchlens_ab,")
-                                  .replace("TORCH_LIBRARY_IMPL(batchlens,",
-                                           "TORCH_LIBRARY_IMPL(batchlens_ab,"))
+           for name in ("paged_attention.cpp", "simd.h", "kernels.h")}
+    # its own op namespace and C++ namespace, so neither clashes with the current build's
+    for name in ("paged_attention.cpp", "kernels.h"):
+        src[name] = (src[name].replace("TORCH_LIBRARY(batchlens,", "TORCH_LIBRARY(batchlens_ab,")
+                     .replace("TORCH_LIBRARY_IMPL(batchlens,", "TORCH_LIBRARY_IMPL(batchlens_ab,")
+                     .replace("namespace batchlens ", "namespace batchlens_ab ")
+                     .replace("batchlens::", "batchlens_ab::"))
     key = hashlib.sha256("".join(src.values()).encode() + " ".join(native.cflags()).encode()
                          ).hexdigest()[:16]
     folder = loader.cache_root() / "kernels" / f"ab-{key}"
