@@ -568,6 +568,112 @@ void decode_avx2(const T* q, int64_t q_stride, const T* kc, const T* vc, const i
   });
 }
 
+// bfloat16 on AVX2: each 32-byte load of K or V holds 16 dimensions, and its even and odd
+// ones become float32 by a shift and by a mask, with no shuffle, once per key for all G
+// query heads (the float32 kernel above widens a key once per head). The query is kept
+// split the same way, so q·k sums even and odd products; p·v accumulates head_dim in this
+// split order, undone at the end:
+//
+//   acc[2c]   lane i <- dim 16c + 2i        acc[2c+1] lane i <- dim 16c + 2i + 1
+template <int G, int DC>
+void decode_avx2_bf16(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
+                      const at::BFloat16* vc, const int32_t* tables, const int32_t* lens,
+                      at::BFloat16* out, int64_t S, int64_t H, int64_t KVH, int64_t NB, int64_t BS,
+                      int64_t max_blocks, float scale) {
+  constexpr int D = 16 * DC;
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::max());
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const auto even = [](__m256i x) { return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)); };
+  const auto odd = [&](__m256i x) { return _mm256_castsi256_ps(_mm256_and_si256(x, high)); };
+  const auto load = [](const at::BFloat16* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  };
+  const auto body = [&](const Unit& u, Partial<G, D>& part) {
+    const int64_t s = u.s, h = u.h;
+    alignas(32) float qf[G][2 * DC][8], prob[G][16], corr[G];
+    float(*acc)[D] = part.acc;  // accumulated in place: AVX2 has too few registers for it
+    float* m = part.m;
+    float* l = part.l;
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int g = 0; g < G; ++g) {
+      const at::BFloat16* qs = q + s * q_stride + (h * G + g) * D;
+      for (int c = 0; c < DC; ++c) {
+        const __m256i x = load(qs + 16 * c);
+        _mm256_store_ps(qf[g][2 * c], _mm256_mul_ps(even(x), sc));
+        _mm256_store_ps(qf[g][2 * c + 1], _mm256_mul_ps(odd(x), sc));
+      }
+      for (int j = 0; j < 2 * DC; ++j) _mm256_store_ps(acc[g] + 8 * j, _mm256_setzero_ps());
+      m[g] = -std::numeric_limits<float>::max();
+      l[g] = 0.f;
+    }
+    KeyWalk<at::BFloat16, 16> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
+    for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
+      const int64_t n = std::min<int64_t>(16, walk.len - start);
+      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      __m256 dots[G][16];
+      for (int t = 0; t < 16; ++t) {
+        __m256 a[G], b[G];  // even and odd products: two chains per head
+        for (int g = 0; g < G; ++g) a[g] = b[g] = _mm256_setzero_ps();
+        if (t < n)
+          for (int c = 0; c < DC; ++c) {
+            const __m256i x = load(kc + row[t] + 16 * c);
+            const __m256 ke = even(x), ko = odd(x);
+            for (int g = 0; g < G; ++g) {
+              a[g] = _mm256_fmadd_ps(_mm256_load_ps(qf[g][2 * c]), ke, a[g]);
+              b[g] = _mm256_fmadd_ps(_mm256_load_ps(qf[g][2 * c + 1]), ko, b[g]);
+            }
+          }
+        for (int g = 0; g < G; ++g) dots[g][t] = _mm256_add_ps(a[g], b[g]);
+      }
+      // a tile of 16 keys: one max, one rescale and one sum for twice the keys of a vector
+      const __m256 fill = _mm256_set1_ps(static_cast<float>(n));
+      const __m256 valid0 = _mm256_cmp_ps(lane, fill, _CMP_LT_OQ);
+      const __m256 valid1 = _mm256_cmp_ps(_mm256_add_ps(lane, _mm256_set1_ps(8.f)), fill,
+                                          _CMP_LT_OQ);
+      for (int g = 0; g < G; ++g) {
+        const __m256 x0 = _mm256_blendv_ps(lowest, hsum8(dots[g]), valid0);
+        const __m256 x1 = _mm256_blendv_ps(lowest, hsum8(dots[g] + 8), valid1);
+        const float bmax = std::max(m[g], hmax8(_mm256_max_ps(x0, x1)));
+        const __m256 top = _mm256_set1_ps(bmax);
+        const __m256 p0 = _mm256_and_ps(exp8(_mm256_sub_ps(x0, top)), valid0);
+        const __m256 p1 = _mm256_and_ps(exp8(_mm256_sub_ps(x1, top)), valid1);
+        _mm256_store_ps(prob[g], p0);
+        _mm256_store_ps(prob[g] + 8, p1);
+        corr[g] = bmax > m[g] ? std::exp(m[g] - bmax) : 1.f;  // the max mostly holds
+        l[g] = l[g] * corr[g] + hadd8(_mm256_add_ps(p0, p1));
+        m[g] = bmax;
+      }
+      for (int c = 0; c < DC; ++c) {
+        __m256 a[G], b[G];  // the running sums, rescaled to this tile's max as they load
+        for (int g = 0; g < G; ++g) {
+          const __m256 k = _mm256_set1_ps(corr[g]);
+          a[g] = _mm256_mul_ps(_mm256_load_ps(acc[g] + 16 * c), k);
+          b[g] = _mm256_mul_ps(_mm256_load_ps(acc[g] + 16 * c + 8), k);
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          const __m256i x = load(vc + row[t] + 16 * c);
+          const __m256 ve = even(x), vo = odd(x);
+          for (int g = 0; g < G; ++g) {
+            const __m256 p = _mm256_set1_ps(prob[g][t]);
+            a[g] = _mm256_fmadd_ps(p, ve, a[g]);
+            b[g] = _mm256_fmadd_ps(p, vo, b[g]);
+          }
+        }
+        for (int g = 0; g < G; ++g) {
+          _mm256_store_ps(acc[g] + 16 * c, a[g]);
+          _mm256_store_ps(acc[g] + 16 * c + 8, b[g]);
+        }
+      }
+    }
+  };
+  int perm[D];  // where dimension d sits in acc (the order above)
+  for (int d = 0; d < D; ++d) perm[d] = 8 * (2 * (d / 16) + d % 2) + d % 16 / 2;
+  run_units<G, D>(lens, S, KVH, body, [&](int64_t s, int64_t h, const Partial<G, D>& p) {
+    write_out<at::BFloat16, G, D>(out, H, s, h, p, perm);
+  });
+}
+
 // As decode_avx512_any: G = 1..8, head_dim 64 or 128, else false (the portable kernel).
 template <typename T>
 bool decode_avx2_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
@@ -577,6 +683,10 @@ bool decode_avx2_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
 #define BATCHLENS_ARGS q, q_stride, kc, vc, tables, lens, out, S, H, KVH, NB, BS, max_blocks, scale
   return with_group(H / KVH, [&](auto group) {
     constexpr int G = decltype(group)::value;
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      if (D == 64) return decode_avx2_bf16<G, 4>(BATCHLENS_ARGS), true;
+      if (D == 128) return decode_avx2_bf16<G, 8>(BATCHLENS_ARGS), true;
+    }
     if (D == 64) return decode_avx2<T, G, 8>(BATCHLENS_ARGS), true;
     if (D == 128) return decode_avx2<T, G, 16>(BATCHLENS_ARGS), true;
     return false;
