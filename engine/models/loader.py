@@ -79,10 +79,14 @@ def gguf_cache_dir(gguf: Path) -> Path:
     return cache_root() / "models" / f"{gguf.stem}-{key[:12]}"
 
 
+def _converted(out: Path) -> bool:
+    return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
+
+
 def convert_gguf(gguf: Path) -> Path:
     """Dequantize a GGUF once into a cached safetensors HF folder; return that folder."""
     out = gguf_cache_dir(gguf)
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+    if _converted(out):
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -104,9 +108,17 @@ def convert_gguf(gguf: Path) -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        # another process may have converted the same file meanwhile: its folder is whole
+        # (it appeared by a rename) and may be in use, so it stays; a half one goes
+        if _converted(out):
+            return out
         if out.exists():
             shutil.rmtree(out)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not _converted(out):
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
