@@ -8,6 +8,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# a pytest-xdist worker per core, each test file whole on one worker (its module fixtures,
+# a model or a server, are built once); PARALLEL= runs them in one process
+PARALLEL ?= -n auto --dist loadfile
 
 .PHONY: setup run test test-fast screenshots lint bench chromium compiler compat llama-server
 
@@ -38,11 +41,11 @@ compiler:
 
 test: setup chromium compiler
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not compat"
+	$(BIN)/python -m pytest -q $(PARALLEL) -m "not compat"
 
 test-fast: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not model and not browser and not compat and not exhaustive"
+	$(BIN)/python -m pytest -q $(PARALLEL) -m "not model and not browser and not compat and not exhaustive"
 
 # llama.cpp's llama-server, llama-bench and llama-batched-bench from the llama-cpp-python
 # sdist, and the bundled model as a bf16 GGUF (its own converter), cached in

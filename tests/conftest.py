@@ -19,6 +19,15 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 from engine.models.loaded import LoadedModel  # noqa: E402
 
+# `make test` runs the test files on one pytest-xdist worker per core: each worker's torch
+# gets its share of the cores, as do the servers it starts (OMP_NUM_THREADS), so the
+# workers' thread pools never spin against each other
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    torch.set_num_threads(_THREADS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # the device tests run on; set BATCHLENS_TEST_DEVICE=cuda on a GPU machine
 TEST_DEVICE = os.environ.get("BATCHLENS_TEST_DEVICE", "cpu")
