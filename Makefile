@@ -8,8 +8,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# a pytest-xdist worker per core, each test file whole on one worker (its module fixtures,
-# a model or a server, are built once); PARALLEL= runs them in one process
+# test-fast: a pytest-xdist worker per core, each test file whole on one worker (its module
+# fixtures are built once); PARALLEL= runs them in one process. `make test` stays in one:
+# its browser tests wait on servers that parallel workers starve of the CPU
 PARALLEL ?= -n auto --dist loadfile
 
 .PHONY: setup run test test-fast screenshots lint bench chromium compiler compat llama-server
@@ -41,7 +42,7 @@ compiler:
 
 test: setup chromium compiler
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q $(PARALLEL) -m "not compat"
+	$(BIN)/python -m pytest -q -m "not compat"
 
 test-fast: setup
 	$(BIN)/ruff check .

@@ -19,8 +19,8 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 from engine.models.loaded import LoadedModel  # noqa: E402
 
-# `make test` runs the test files on one pytest-xdist worker per core: each worker's torch
-# gets its share of the cores, as do the servers it starts (OMP_NUM_THREADS), so the
+# `make test-fast` runs the test files on one pytest-xdist worker per core: each worker's
+# torch gets its share of the cores, as do the servers it starts (OMP_NUM_THREADS), so the
 # workers' thread pools never spin against each other
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
