@@ -73,8 +73,8 @@ print(rss_mib() - full)
 def test_memory_stays_bounded_over_many_matmul_row_counts() -> None:
     """oneDNN keeps a primitive per matmul shape (packed weights on a CPU); importing the
     linear module bounds its caches, so once they are full, 300 more new row counts add
-    nothing (unbounded, they add ~0.6 MiB each at this shape: ~180 MiB; bounded, -30 to
-    +5 MiB of allocator noise was seen)."""
+    nothing (unbounded, they add ~0.6 MiB each at this shape: ~180 MiB; bounded, 0 MiB
+    and -29 MiB of allocator noise were seen)."""
     import os
     import subprocess
     import sys
