@@ -1,16 +1,15 @@
 """Linear layers: bfloat16 by this project's kernel or oneDNN's packed weights, float32 by
 `F.linear`.
 
-Where the CPU has no AMX, bfloat16 goes to csrc/bf16_gemm.cpp (`native.bf16_linear`),
-whose weights are laid out for one VDPBF16PS per 64-byte load (AVX512_BF16), or two FMAs
-per 32-byte load on a CPU with AVX2 only, where torch has no fast bfloat16 matmul. At the
-few rows of a decode step a matmul only streams its weights once, and this layout streams
-them faster than oneDNN's packed one; at a prompt's hundreds of rows the two are equally
-fast with AVX512_BF16 (`python scripts/bf16_matmul_bench.py`; figures in
-docs/benchmarks.md). A row's result does not depend on the other rows of the batch, and
-no memory is kept per row count. With AMX, oneDNN's tile instructions should be the
-faster path for prompts, so such CPUs keep oneDNN's packed weights, which read faster
-than `F.linear` on plain row-major weights and give bit-identical results.
+bfloat16 goes to csrc/bf16_gemm.cpp (`native.bf16_linear`), whose weights are laid out
+for one VDPBF16PS per 64-byte load (AVX512_BF16), two FMAs per 32-byte load on a CPU with
+AVX2 only, where torch has no fast bfloat16 matmul, or, on a CPU with AMX, two B tiles per
+32 K of a 32-output block. At the few rows of a decode step a matmul only streams its
+weights once, and this layout streams them faster than oneDNN's packed one; at a prompt's
+hundreds of rows the two are about equally fast (`python scripts/bf16_matmul_bench.py`;
+figures in docs/benchmarks.md). A row's result does not depend on the other rows of the
+batch, and no memory is kept per row count. `BATCHLENS_BF16_KERNEL=0` keeps oneDNN's
+packed weights, which read faster than `F.linear` on plain row-major weights.
 
 float32 keeps plain `F.linear`, whose sums match transformers' to the last bit, for every
 layer but the LM head (`should_pack_lm_head`).

@@ -1,5 +1,5 @@
 """The native CPU kernels (csrc/), built once on first use: the decode-attention kernel, the
-decoder layer's fused elementwise ops and the bfloat16 matmuls (AVX512_BF16 or AVX2).
+decoder layer's fused elementwise ops and the bfloat16 matmuls (AMX, AVX512_BF16 or AVX2).
 
 Decode attention in plain torch has to gather every request's K/V blocks into a padded
 copy before two batched matmuls can read them: on a small CPU that copy plus the small
@@ -8,7 +8,7 @@ and reads every K/V byte once, keeping the softmax running in float32. The layer
 (layer_ops.cpp) replace the dozen small torch ops around the matmuls of each layer
 (residual add + RMSNorm, RoPE + the K/V write, SiLU x up) by three calls. The matmul
 kernel (bf16_gemm.cpp, `engine.models.linear`) streams weights faster than oneDNN at the
-few rows of a decode step, and is as fast at a prompt's hundreds. Where all of these serve
+few rows of a decode step, and is about as fast at a prompt's hundreds. Where all of these serve
 a step, the decoder stack (decoder.cpp) runs every layer of it in one call.
 
 All are compiled with torch's own extension builder (g++ and ninja) into kernels/ under
@@ -130,16 +130,17 @@ def bf16_linear_built() -> bool:
 
 def bf16_linear(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the model's matmuls run in that kernel: bfloat16 on a CPU where it is built
-    and that has no AMX (oneDNN's tiles serve there); BATCHLENS_BF16_KERNEL=0 keeps oneDNN's
-    packed weights, to compare."""
+    (with AMX it drives the tile unit); BATCHLENS_BF16_KERNEL=0 keeps oneDNN's packed
+    weights, to compare."""
     return (device.type == "cpu" and dtype == torch.bfloat16
             and os.environ.get("BATCHLENS_BF16_KERNEL", "1") != "0"
-            and bf16_linear_built() and not has_amx())
+            and bf16_linear_built())
 
 
-def has_amx() -> bool:
-    """The CPU has AMX tiles for bfloat16 (oneDNN's fastest path there)."""
-    return "amx_bf16" in _cpu_flags()
+def bf16_linear_amx() -> bool:
+    """Whether the matmul kernel drives AMX tiles (built for a CPU with AMX-BF16 and the
+    tile state granted by Linux) for every K that is a multiple of 32."""
+    return bf16_linear_built() and bool(torch.ops.batchlens.bf16_linear_amx())
 
 
 def _cpu_flags() -> set[str]:
@@ -173,6 +174,7 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
     attention = "the kernel" if paged_decode(cpu, dtype) else "torch"
     matmuls = ""
     if dtype == torch.bfloat16:
-        matmuls = "; matmuls: " + ("the bfloat16 kernel" if bf16_linear(cpu, dtype)
+        matmuls = "; matmuls: " + (("the bfloat16 kernel (AMX tiles)" if bf16_linear_amx()
+                                    else "the bfloat16 kernel") if bf16_linear(cpu, dtype)
                                    else "oneDNN")
     return f"native kernels: {reason}{matmuls}; decode attention: {attention}"

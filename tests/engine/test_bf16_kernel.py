@@ -2,7 +2,7 @@
 F.linear's results at every row count (each tile size and remainder), with and without a
 bias, on strided and 3-d inputs; a row's result must not depend on the rest of the batch;
 and it must be taken exactly where `native.bf16_linear` says (CPU, bfloat16, the kernel
-built: AVX512_BF16, or AVX2 and FMA; no AMX).
+built: AMX, AVX512_BF16, or AVX2 and FMA).
 
 The kernel tests need a CPU with AVX2 and FMA at least (every x86 CPU the project runs on);
 elsewhere they skip, and `test_the_kernel_is_used_where_the_cpu_has_it` checks the fallback is chosen."""
@@ -33,13 +33,15 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 5, 11, 12, 13, 24, 25, 64, 100, 515])
+@pytest.mark.parametrize("rows", [1, 2, 5, 11, 12, 13, 16, 17, 24, 25, 33, 64, 100, 515])
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_matches_the_exact_product_at_every_row_count(rows: int, bias: bool) -> None:
-    w, b = layer(96, 200, bias)
-    x = torch.randn(rows, 200, generator=torch.Generator().manual_seed(rows)).bfloat16()
+@pytest.mark.parametrize("k", [200, 192])  # 192: AMX tiles where the CPU has them (32 K each)
+def test_kernel_matches_the_exact_product_at_every_row_count(rows: int, bias: bool,
+                                                             k: int) -> None:
+    w, b = layer(96, k, bias)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
     lin = Linear(w, b, pack=True, kernel=True)
-    assert lin.kernel and not lin.packed and lin.weight.shape == (3, 100, 32, 2)
+    assert lin.kernel and not lin.packed and lin.weight.shape == (3, k // 2, 32, 2)
     got = lin(x)
     assert got.shape == (rows, 96) and got.dtype == torch.bfloat16
     want = reference(x, w, b)
@@ -53,9 +55,10 @@ def test_kernel_matches_the_exact_product_at_every_row_count(rows: int, bias: bo
 
 
 @needs_kernel
-def test_a_rows_result_does_not_depend_on_the_rest_of_the_batch() -> None:
-    w, b = layer(64, 128, bias=True)
-    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(1)).bfloat16()
+@pytest.mark.parametrize("k", [130, 128])  # 128: AMX tiles where the CPU has them
+def test_a_rows_result_does_not_depend_on_the_rest_of_the_batch(k: int) -> None:
+    w, b = layer(64, k, bias=True)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(1)).bfloat16()
     lin = Linear(w, b, kernel=True)
     batch = lin(x)
     for i in (0, 11, 12, 36):
@@ -107,7 +110,7 @@ def test_the_kernel_is_used_where_the_cpu_has_it(monkeypatch) -> None:
     use = native.bf16_linear
     assert not use(CPU, torch.float32)
     assert not use(torch.device("cuda"), torch.bfloat16)
-    assert use(CPU, torch.bfloat16) is (native.bf16_linear_built() and not native.has_amx())
+    assert use(CPU, torch.bfloat16) is native.bf16_linear_built()
     assert ("matmuls: the bfloat16 kernel" in native.status(torch.bfloat16)) is use(
         CPU, torch.bfloat16)
     assert "matmuls" not in native.status(torch.float32)
@@ -115,8 +118,9 @@ def test_the_kernel_is_used_where_the_cpu_has_it(monkeypatch) -> None:
     assert not use(CPU, torch.bfloat16)
     assert "matmuls: oneDNN" in native.status(torch.bfloat16)
     monkeypatch.delenv("BATCHLENS_BF16_KERNEL")
-    monkeypatch.setattr(native, "has_amx", lambda: True)
-    assert not use(CPU, torch.bfloat16)  # oneDNN's AMX tiles serve there
+    assert ("(AMX tiles)" in native.status(torch.bfloat16)) is native.bf16_linear_amx()
+    if native.bf16_linear_amx():  # built for this CPU: only where it has the tiles
+        assert "amx_bf16" in native._cpu_flags()
 
 
 @needs_kernel
@@ -127,7 +131,6 @@ def test_a_bfloat16_model_runs_every_matmul_in_the_kernel(tiny_models, kind: str
     kernel, so the runner pads no rows for oneDNN; logits close to oneDNN's."""
     from engine.models.llama import LlamaModel
 
-    monkeypatch.setattr(native, "has_amx", lambda: False)
     model = LlamaModel.from_folder(tiny_models[kind], CPU, torch.bfloat16)
     linears = [model.lm_head] + [lin for layer in model.layers
                                  for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]

@@ -33,6 +33,11 @@
 
 #include <cstdint>
 
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "kernels.h"
 
 #if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
@@ -98,6 +103,111 @@ inline BlockInit block_init(const at::BFloat16* b) {
   if (b == nullptr) return {{_mm512_setzero_ps(), _mm512_setzero_ps()}};
   return {{bias16(b), bias16(b + 16)}};
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// With AMX (Sapphire Rapids and later), the same layout feeds the tile unit: a B tile is 16
+// pairs of K for 16 outputs, 64 bytes of each 128-byte row of the block, so one block is two
+// B tiles 64 bytes apart, each loaded with a 128-byte stride; an A tile is 16 rows of 32 K
+// of x. One TDPBF16PS does 16 x 16 x 32 multiply-adds, so a block of 32 rows and 32 outputs
+// (four C tiles, two A, two B: all eight tiles) keeps the unit busy from ~32 rows on, where
+// the VDPBF16PS tiles above run at a tenth of its speed. At a decode step's few rows the
+// tile unit still reads a 2 KiB slice of the block's weights per 32 K faster than memory
+// delivers it, so every row count takes this path: a row's result still does not depend on
+// M. Rows are padded to 16 with zeros (a tile reads 16 rows); K must be a multiple of 32.
+constexpr int64_t kAmxK = 32;     // K per tile step
+constexpr int64_t kAmxRows = 16;  // rows per A and C tile
+
+// Linux hands out the tile state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM)
+bool amx_ready() {
+  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                    18 /* XFEATURE_XTILEDATA */) == 0;
+  return ready;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3 accumulate C (row tile i, output half j in 2i + j), 4-5 hold A, 6-7 hold B.
+inline void amx_configure() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = kAmxRows;
+  _tile_loadconfig(&c);
+}
+
+// C tiles for RT row tiles of x (16 rows each, from xr) against one 32-output block wb,
+// stored to c [16 RT][32] float32.
+template <int RT>
+inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
+                     float* c) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (RT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kAmxK) {
+    const char* wk = wb + k0 * 64;  // 16 rows of 128 bytes: pairs k0/2 .. k0/2 + 15
+    _tile_loadd(6, wk, 128);
+    _tile_loadd(7, wk + 64, 128);
+    _tile_loadd(4, xr + k0 * 2, x_bytes);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (RT == 2) {
+      _tile_loadd(5, xr + kAmxRows * x_bytes + k0 * 2, x_bytes);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, 128);
+  _tile_stored(1, c + 16, 128);
+  if (RT == 2) {
+    _tile_stored(2, c + kAmxRows * 32, 128);
+    _tile_stored(3, c + kAmxRows * 32 + 16, 128);
+  }
+}
+
+// c rows [0, rows) plus the bias, rounded to bfloat16, into y (row stride ys)
+inline void amx_write(const float* c, int64_t rows, const at::BFloat16* bias, at::BFloat16* y,
+                      int64_t ys) {
+  const BlockInit b = block_init(bias);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int v = 0; v < 2; ++v)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * ys + v * 16),
+                          (__m256i)_mm512_cvtneps_pbh(
+                              _mm512_add_ps(_mm512_loadu_ps(c + r * 32 + v * 16), b.v[v])));
+}
+
+// x [mp, k] (mp a multiple of 16, row stride xs elements) against every block of w
+void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
+              const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t mp, int64_t k,
+              int64_t n) {
+  const int64_t x_bytes = xs * 2;
+  at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
+    amx_configure();
+    alignas(64) float c[2 * kAmxRows * 32];
+    for (int64_t b = b0; b < b1; ++b) {
+      const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
+      const at::BFloat16* bb = bias != nullptr ? bias + b * 32 : nullptr;
+      for (int64_t r = 0; r < mp; r += 2 * kAmxRows) {
+        const char* xr = reinterpret_cast<const char*>(x + r * xs);
+        const int64_t tiles = mp - r >= 2 * kAmxRows ? 2 : 1;
+        if (tiles == 2)
+          amx_tile<2>(xr, x_bytes, wb, k, c);
+        else
+          amx_tile<1>(xr, x_bytes, wb, k, c);
+        const int64_t rows = m - r < tiles * kAmxRows ? m - r : tiles * kAmxRows;
+        amx_write(c, rows, bb, y + r * n + b * 32, n);
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr bool kSupported = true;
 constexpr int64_t kPrefetch = 64;  // pairs of K ahead (64 x 128 B = 8 KiB)
@@ -199,6 +309,14 @@ namespace batchlens {
 
 bool bf16_linear_supported() { return kSupported; }
 
+bool bf16_linear_amx() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  return amx_ready();
+#else
+  return false;
+#endif
+}
+
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                        const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(kSupported, "bf16_linear: built without AVX512_BF16 or AVX2");
@@ -218,8 +336,23 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
   }
   auto y = at::empty({m, n}, x.options());
 #if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
-  if (m > 0) gemm(x.data_ptr<at::BFloat16>(), x.stride(0), w.data_ptr<at::BFloat16>(), b,
-                  y.data_ptr<at::BFloat16>(), m, k, n);
+  if (m == 0) return y;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (amx_ready() && k % kAmxK == 0) {
+    // a tile reads 16 rows: pad x with zero rows to a multiple of 16
+    const int64_t mp = (m + kAmxRows - 1) / kAmxRows * kAmxRows;
+    at::Tensor xp = x;
+    if (mp != m) {
+      xp = at::zeros({mp, k}, x.options());
+      xp.narrow(0, 0, m).copy_(x);
+    }
+    gemm_amx(xp.data_ptr<at::BFloat16>(), xp.stride(0), w.data_ptr<at::BFloat16>(), b,
+             y.data_ptr<at::BFloat16>(), m, mp, k, n);
+    return y;
+  }
+#endif
+  gemm(x.data_ptr<at::BFloat16>(), x.stride(0), w.data_ptr<at::BFloat16>(), b,
+       y.data_ptr<at::BFloat16>(), m, k, n);
 #endif
   return y;
 }
@@ -228,6 +361,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
 
 TORCH_LIBRARY_FRAGMENT(batchlens, m) {
   m.def("bf16_linear_supported() -> bool", &batchlens::bf16_linear_supported);
+  m.def("bf16_linear_amx() -> bool", &batchlens::bf16_linear_amx);
   m.def("bf16_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
 }
 
