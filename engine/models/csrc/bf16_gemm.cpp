@@ -31,6 +31,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__AMX_TILE__)
@@ -113,7 +114,8 @@ inline BlockInit block_init(const at::BFloat16* b) {
 // the VDPBF16PS tiles above run at a tenth of its speed. At a decode step's few rows the
 // tile unit still reads a 2 KiB slice of the block's weights per 32 K faster than memory
 // delivers it, so every row count takes this path: a row's result still does not depend on
-// M. Rows are padded to 16 with zeros (a tile reads 16 rows); K must be a multiple of 32.
+// M. Past 16 rows, rows are padded to a multiple of 16 with zeros (a tile reads 16 rows);
+// K must be a multiple of 32.
 constexpr int64_t kAmxK = 32;     // K per tile step
 constexpr int64_t kAmxRows = 16;  // rows per A and C tile
 
@@ -132,10 +134,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-3 accumulate C (row tile i, output half j in 2i + j), 4-5 hold A, 6-7 hold B.
-inline void amx_configure() {
+// Tiles 0-3 accumulate C (row tile i, output half j in 2i + j), 4-5 hold A, 6-7 hold B;
+// the first row tile's A and C hold `rows` rows (fewer than 16 only where M is).
+inline void amx_configure(int rows) {
   TileConfig c;
   for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = kAmxRows;
+  c.rows[0] = c.rows[1] = c.rows[4] = static_cast<uint8_t>(rows);
   _tile_loadconfig(&c);
 }
 
@@ -182,13 +186,14 @@ inline void amx_write(const float* c, int64_t rows, const at::BFloat16* bias, at
                               _mm512_add_ps(_mm512_loadu_ps(c + r * 32 + v * 16), b.v[v])));
 }
 
-// x [mp, k] (mp a multiple of 16, row stride xs elements) against every block of w
+// x [mp, k] (row stride xs elements; mp a multiple of 16, or M itself under 16) against
+// every block of w
 void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
               const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t mp, int64_t k,
               int64_t n) {
   const int64_t x_bytes = xs * 2;
   at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
-    amx_configure();
+    amx_configure(static_cast<int>(std::min<int64_t>(mp, kAmxRows)));
     alignas(64) float c[2 * kAmxRows * 32];
     for (int64_t b = b0; b < b1; ++b) {
       const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
@@ -339,8 +344,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
   if (m == 0) return y;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if (amx_ready() && k % kAmxK == 0) {
-    // a tile reads 16 rows: pad x with zero rows to a multiple of 16
-    const int64_t mp = (m + kAmxRows - 1) / kAmxRows * kAmxRows;
+    // under 16 rows the tiles hold M rows; else a tile reads 16: pad x with zero rows to a
+    // multiple of 16
+    const int64_t mp = m < kAmxRows ? m : (m + kAmxRows - 1) / kAmxRows * kAmxRows;
     at::Tensor xp = x;
     if (mp != m) {
       xp = at::zeros({mp, k}, x.options());
