@@ -135,11 +135,11 @@ struct alignas(64) TileConfig {
 };
 
 // Tiles 0-3 accumulate C (row tile i, output half j in 2i + j), 4-5 hold A, 6-7 hold B;
-// the first row tile's A and C hold `rows` rows (fewer than 16 only where M is).
+// the A tiles and the first row tile's C hold `rows` rows (fewer than 16 only where M is).
 inline void amx_configure(int rows) {
   TileConfig c;
   for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = kAmxRows;
-  c.rows[0] = c.rows[1] = c.rows[4] = static_cast<uint8_t>(rows);
+  c.rows[0] = c.rows[1] = c.rows[4] = c.rows[5] = static_cast<uint8_t>(rows);
   _tile_loadconfig(&c);
 }
 
@@ -150,11 +150,28 @@ inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
                      float* c) {
   _tile_zero(0);
   _tile_zero(1);
-  if (RT == 2) {
+  int64_t k0 = 0;
+  if (RT == 1) {
+    // one row tile leaves tiles 2, 3 and 5 free: every other 32 K loads its A and B
+    // tiles into those, so the next slice's loads need not wait for this one's products
+    for (; k0 + 2 * kAmxK <= k; k0 += 2 * kAmxK) {
+      const char* wk = wb + k0 * 64;
+      _tile_loadd(6, wk, 128);
+      _tile_loadd(7, wk + 64, 128);
+      _tile_loadd(4, xr + k0 * 2, x_bytes);
+      _tile_loadd(2, wk + kAmxK * 64, 128);
+      _tile_loadd(3, wk + kAmxK * 64 + 64, 128);
+      _tile_loadd(5, xr + (k0 + kAmxK) * 2, x_bytes);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(0, 5, 2);
+      _tile_dpbf16ps(1, 5, 3);
+    }
+  } else {
     _tile_zero(2);
     _tile_zero(3);
   }
-  for (int64_t k0 = 0; k0 < k; k0 += kAmxK) {
+  for (; k0 < k; k0 += kAmxK) {
     const char* wk = wb + k0 * 64;  // 16 rows of 128 bytes: pairs k0/2 .. k0/2 + 15
     _tile_loadd(6, wk, 128);
     _tile_loadd(7, wk + 64, 128);
