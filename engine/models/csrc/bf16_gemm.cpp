@@ -140,6 +140,9 @@ inline void amx_configure(int rows) {
   TileConfig c;
   for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = kAmxRows;
   c.rows[0] = c.rows[1] = c.rows[4] = c.rows[5] = static_cast<uint8_t>(rows);
+  // GCC's tile intrinsics do not tell it they read or write memory: the barriers keep
+  // the stores to c (and, below, the reads of the stored C tiles) where they are
+  asm volatile("" ::: "memory");
   _tile_loadconfig(&c);
 }
 
@@ -190,6 +193,7 @@ inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
     _tile_stored(2, c + kAmxRows * 32, 128);
     _tile_stored(3, c + kAmxRows * 32 + 16, 128);
   }
+  asm volatile("" ::: "memory");
 }
 
 // c rows [0, rows) plus the bias, rounded to bfloat16, into y (row stride ys)
