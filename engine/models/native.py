@@ -131,10 +131,13 @@ def bf16_linear_built() -> bool:
 def bf16_linear(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the model's matmuls run in that kernel: bfloat16 on a CPU where it is built
     (with AMX it drives the tile unit); BATCHLENS_BF16_KERNEL=0 keeps oneDNN's packed
-    weights, to compare."""
+    weights, to compare. A CPU with AMX whose tiles the kernel cannot use (Linux refused
+    the tile state) keeps oneDNN: there the kernel's vector path runs prompts at a tenth
+    of the tiles' speed."""
     return (device.type == "cpu" and dtype == torch.bfloat16
             and os.environ.get("BATCHLENS_BF16_KERNEL", "1") != "0"
-            and bf16_linear_built())
+            and bf16_linear_built()
+            and (bf16_linear_amx() or "amx_bf16" not in _cpu_flags()))
 
 
 def bf16_linear_amx() -> bool:
