@@ -137,7 +137,8 @@ def _matmul_tflops(dev: torch.device, dtype: torch.dtype, budget: float) -> floa
     n = MATMUL_N
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
-    fns: list[Callable[[], object]] = [lambda: a @ b]
+    torch_mm: Callable[[], object] = lambda: a @ b  # noqa: E731
+    fns = [torch_mm]
     if native.bf16_linear(dev, dtype):
         # the matmul a bfloat16 step runs on this CPU (a x b^T, the same FLOPs): torch's own
         # bfloat16 matmul has no fast path on a CPU without AVX512_BF16, where it runs
@@ -145,7 +146,7 @@ def _matmul_tflops(dev: torch.device, dtype: torch.dtype, budget: float) -> floa
         # AMX, oneDNN's tiles are as fast a path, and the faster of the two is the peak
         packed = pack_for_kernel(b)
         kernel = lambda: torch.ops.batchlens.bf16_linear(a, packed, None)  # noqa: E731
-        fns = [kernel] + (fns if native.bf16_linear_amx() else [])
+        fns = [kernel, torch_mm] if native.bf16_linear_amx() else [kernel]
     secs = min(_best_seconds(fn, budget / len(fns), _sync(dev)) for fn in fns)
     return 2 * n**3 / secs / 1e12
 

@@ -246,12 +246,14 @@ def screenshot(page, folder: Path, name: str) -> None:
 
 def remove_chip(page, name: str, tries: int = 6) -> None:
     """Click a multiselect chip's remove button until the chip is gone: a click that lands
-    while the page's first run is still re-rendering the widget can be lost (seen once in
-    a clean-clone run: the chip stayed for the whole two-minute wait)."""
+    while the page's first run is still re-rendering the widget is lost, and the chip
+    stays."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     chip = page.get_by_role("button", name=name, exact=True)
     for _ in range(tries):
+        if chip.count() == 0:  # an earlier click took effect late
+            return
         chip.click()
         try:
             chip.wait_for(state="detached", timeout=10_000)
