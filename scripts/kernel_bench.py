@@ -20,48 +20,19 @@ the ratio of their medians is the figure to trust there.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+from kernel_at import build_at  # scripts/, beside this file
 
-from engine.models import loader, native
+from engine.models import native
 from measure.calibrate import calibrate
 
 REQUESTS, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 9, 3, 64, 16, 30
-ROOT = Path(__file__).resolve().parents[1]
-CSRC = "engine/models/csrc"
 Op = Callable[..., torch.Tensor]
-
-
-def build_at(rev: str) -> Op:
-    """The decode-attention kernel as it is at git revision `rev`, registered as
-    batchlens_ab::paged_decode_attention (built once per source into the kernel cache)."""
-    from torch.utils.cpp_extension import load
-
-    src = {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
-                                capture_output=True, text=True).stdout
-           for name in ("paged_attention.cpp", "simd.h", "kernels.h")}
-    # its own op namespace and C++ namespace, so neither clashes with the current build's
-    for name in ("paged_attention.cpp", "kernels.h"):
-        src[name] = (src[name].replace("TORCH_LIBRARY(batchlens,", "TORCH_LIBRARY(batchlens_ab,")
-                     .replace("TORCH_LIBRARY_IMPL(batchlens,", "TORCH_LIBRARY_IMPL(batchlens_ab,")
-                     .replace("namespace batchlens ", "namespace batchlens_ab ")
-                     .replace("batchlens::", "batchlens_ab::"))
-    key = hashlib.sha256("".join(src.values()).encode() + " ".join(native.cflags()).encode()
-                         ).hexdigest()[:16]
-    folder = loader.cache_root() / "kernels" / f"ab-{key}"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in src.items():
-        (folder / name).write_text(text)
-    load(name=f"batchlens_ab_{key}", sources=[str(folder / "paged_attention.cpp")],
-         extra_cflags=native.cflags(), build_directory=str(folder), is_python_module=False)
-    return torch.ops.batchlens_ab.paged_decode_attention
 
 
 def layout(lens: list[int], order: str, rng: random.Random) -> torch.Tensor:
@@ -162,7 +133,8 @@ def main() -> None:
     print(native.status(getattr(torch, a.dtype)) + f"; {torch.get_num_threads()} threads")
     ops: dict[str, Op] = {"this": torch.ops.batchlens.paged_decode_attention}
     if a.against:
-        ops = {a.against: build_at(a.against), **ops}
+        build_at(a.against, "paged_attention.cpp")
+        ops = {a.against: torch.ops.batchlens_ab.paged_decode_attention, **ops}
     cal = calibrate()
     attention(getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs)
     argmax()
