@@ -228,37 +228,45 @@ void write_out(T* out, int64_t H, int64_t s, int64_t h, const Partial<G, D>& p,
   }
 }
 
+// Keys prefetched past the tile in use: two tiles of 16 keep enough reads in flight that a
+// tile seldom waits on one; the next tile alone is too little to cover the misses of a
+// shuffled block table
+constexpr int64_t kAheadKeys = 32;
+
 template <typename T, int TILE = 16>
 struct KeyWalk {  // row offsets (in elements) of a unit's keys, TILE at a time
+  struct Cursor {  // a key of the unit: its block-table column and slot
+    int64_t blk_i, in_blk;
+  };
   const int32_t* table;
   int64_t h, NB, BS, D, len;  // len: the unit's keys, from its first
-  int64_t blk_i, in_blk;      // the next key to fill: its block-table column and slot
-  int64_t rows[2][TILE];
+  Cursor next, fetch;         // the next key to return; the next key to prefetch
+  int64_t fetched = 0;        // keys prefetched so far
+  int64_t rows[TILE];
   KeyWalk(const int32_t* t, int64_t h_, int64_t nb, int64_t bs, int64_t d, int64_t k0,
           int64_t k1)
-      : table(t), h(h_), NB(nb), BS(bs), D(d), len(k1 - k0), blk_i(k0 / bs), in_blk(k0 % bs) {}
-  void fill(int64_t* r, int64_t count) {
-    for (int64_t t = 0; t < count; ++t) {
-      r[t] = ((h * NB + table[blk_i]) * BS + in_blk) * D;
-      if (++in_blk == BS) in_blk = 0, ++blk_i;
-    }
+      : table(t), h(h_), NB(nb), BS(bs), D(d), len(k1 - k0),
+        next{k0 / bs, k0 % bs}, fetch{k0 / bs, k0 % bs} {}
+  int64_t step(Cursor& c) const {  // the row offset of c's key; c moves to the next key
+    const int64_t off = ((h * NB + table[c.blk_i]) * BS + c.in_blk) * D;
+    if (++c.in_blk == BS) c.in_blk = 0, ++c.blk_i;
+    return off;
   }
-  // the offsets of keys [start, start + TILE) of the unit; computes the next TILE's and
-  // prefetches their K/V into L2 while these are used (into L1, the 64 lines at once
-  // overrun its miss buffers)
-  const int64_t* tile(int64_t start, int cur, const T* kc, const T* vc) {
-    if (start == 0) fill(rows[0], std::min<int64_t>(TILE, len));
-    if (start + TILE < len) {
-      int64_t* next = rows[cur ^ 1];
-      const int64_t count = std::min<int64_t>(TILE, len - start - TILE);
-      fill(next, count);
-      for (int64_t t = 0; t < count; ++t)
-        for (int64_t c = 0; c < D * static_cast<int64_t>(sizeof(T)); c += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kc + next[t]) + c, _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(vc + next[t]) + c, _MM_HINT_T1);
-        }
+  // the offsets of keys [start, start + TILE) of the unit; first prefetches into L2 the
+  // K/V of the keys up to kAheadKeys past this tile, so that the reads of many tiles are in
+  // flight at once (a shuffled block table defeats the hardware prefetcher every block)
+  const int64_t* tile(int64_t start, const T* kc, const T* vc) {
+    const int64_t until = std::min<int64_t>(len, start + TILE + kAheadKeys);
+    for (; fetched < until; ++fetched) {
+      const int64_t off = step(fetch);
+      for (int64_t c = 0; c < D * static_cast<int64_t>(sizeof(T)); c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(kc + off) + c, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(vc + off) + c, _MM_HINT_T1);
+      }
     }
-    return rows[cur];
+    const int64_t count = std::min<int64_t>(TILE, len - start);
+    for (int64_t t = 0; t < count; ++t) rows[t] = step(next);
+    return rows;
   }
 };
 
@@ -334,9 +342,9 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
       l[g] = _mm512_setzero_ps();
     }
     KeyWalk<T> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
-    for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
+    for (int64_t start = 0; start < walk.len; start += 16) {
       const int64_t n = std::min<int64_t>(16, walk.len - start);
-      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      const int64_t* row = walk.tile(start, kc, vc);
       const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
       alignas(64) float prob[G][16];
       for (int g = 0; g < G; ++g) {
@@ -400,9 +408,9 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
       l[g] = _mm512_setzero_ps();
     }
     KeyWalk<at::BFloat16> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
-    for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
+    for (int64_t start = 0; start < walk.len; start += 16) {
       const int64_t n = std::min<int64_t>(16, walk.len - start);
-      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      const int64_t* row = walk.tile(start, kc, vc);
       const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
       for (int g = 0; g < G; ++g) {
         __m512 dots[16];
@@ -528,9 +536,9 @@ void decode_avx2(const T* q, int64_t q_stride, const T* kc, const T* vc, const i
       l[g] = 0.f;
     }
     KeyWalk<T, 8> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
-    for (int64_t start = 0, cur = 0; start < walk.len; start += 8, cur ^= 1) {
+    for (int64_t start = 0; start < walk.len; start += 8) {
       const int64_t n = std::min<int64_t>(8, walk.len - start);
-      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      const int64_t* row = walk.tile(start, kc, vc);
       const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(n)), _CMP_LT_OQ);
       for (int g = 0; g < G; ++g) {
         __m256 dots[8];
@@ -608,9 +616,9 @@ void decode_avx2_bf16(const at::BFloat16* q, int64_t q_stride, const at::BFloat1
       l[g] = 0.f;
     }
     KeyWalk<at::BFloat16, 16> walk(tables + s * max_blocks, h, NB, BS, D, u.k0, u.k1);
-    for (int64_t start = 0, cur = 0; start < walk.len; start += 16, cur ^= 1) {
+    for (int64_t start = 0; start < walk.len; start += 16) {
       const int64_t n = std::min<int64_t>(16, walk.len - start);
-      const int64_t* row = walk.tile(start, static_cast<int>(cur), kc, vc);
+      const int64_t* row = walk.tile(start, kc, vc);
       __m256 dots[G][16];
       for (int t = 0; t < 16; ++t) {
         __m256 a[G], b[G];  // even and odd products: two chains per head
