@@ -252,7 +252,7 @@ struct KeyWalk {  // row offsets (in elements) of a unit's keys, TILE at a time
     if (++c.in_blk == BS) c.in_blk = 0, ++c.blk_i;
     return off;
   }
-  // the offsets of keys [start, start + TILE) of the unit; first prefetches into L2 the
+  // the offsets of keys [start, start + TILE) of the unit; first prefetches into L1 the
   // K/V of the keys up to kAheadKeys past this tile, so that the reads of many tiles are in
   // flight at once (a shuffled block table defeats the hardware prefetcher every block)
   const int64_t* tile(int64_t start, const T* kc, const T* vc) {
@@ -260,8 +260,8 @@ struct KeyWalk {  // row offsets (in elements) of a unit's keys, TILE at a time
     for (; fetched < until; ++fetched) {
       const int64_t off = step(fetch);
       for (int64_t c = 0; c < D * static_cast<int64_t>(sizeof(T)); c += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(kc + off) + c, _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(vc + off) + c, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(kc + off) + c, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vc + off) + c, _MM_HINT_T0);
       }
     }
     const int64_t count = std::min<int64_t>(TILE, len - start);
