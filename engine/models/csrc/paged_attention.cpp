@@ -228,9 +228,9 @@ void write_out(T* out, int64_t H, int64_t s, int64_t h, const Partial<G, D>& p,
   }
 }
 
-// Keys prefetched past the tile in use: two tiles of 16 keep enough reads in flight that a
-// tile seldom waits on one; the next tile alone is too little to cover the misses of a
-// shuffled block table
+// Keys prefetched past the tile in use (two tiles of 16, four of 8): enough reads in flight
+// that a tile seldom waits on one, where the next tile alone is too little to cover the
+// misses of a shuffled block table
 constexpr int64_t kAheadKeys = 32;
 
 template <typename T, int TILE = 16>
