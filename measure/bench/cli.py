@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             save_json(a.json, run_info, results, floor, complete=name == a.only[-1])
     if floor is not None:  # measured again: a busy moment must not lower the floor
         dev = device_of(loaded)
-        cal = best_of(calibrate(device=dev), calibrate(device=dev, fresh=True))
-        floor = roofline_floor(loaded, reqs, a.conc[-1], cal, measurements=2)
+        readings = [calibrate(device=dev), calibrate(device=dev, fresh=True)]
+        floor = roofline_floor(loaded, reqs, a.conc[-1], best_of(*readings), readings)
         if a.json:
             save_json(a.json, run_info, results, floor, complete=True)
     print("\n" + report(results, floor))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from engine.metrics import RunSummary
@@ -20,10 +21,12 @@ FLOOR_ELSEWHERE = ("h100", "rtx4090")  # reference hardware the floor ratio is a
 
 
 def roofline_floor(loaded: LoadedModel, reqs: list[BenchRequest], concurrency: int,
-                   cal: Calibration | None = None, measurements: int = 1) -> dict[str, Any] | None:
+                   cal: Calibration | None = None,
+                   readings: Sequence[Calibration] = ()) -> dict[str, Any] | None:
     """The mix's roofline floors (`measure.roofline.mix_floor`) on this machine, as `cal`
-    says (by default measured by `measure.calibrate`, about 3 s; `measurements`: how many
-    it is the best of), and its ratio on reference GPUs; None for a model with no profile
+    says (by default measured by `measure.calibrate`, about 3 s; `readings`: the
+    calibrations `cal` is the best of, kept so a report shows how far they moved), and its
+    ratio on reference GPUs; None for a model with no profile
     in measure/hardware.py."""
     key = model_profile_key(loaded.model.arch)
     if key is None:
@@ -34,12 +37,26 @@ def roofline_floor(loaded: LoadedModel, reqs: list[BenchRequest], concurrency: i
     lens = [len(r.prompt_ids) for r in reqs], [r.max_tokens for r in reqs]
     floor = mix_floor(*lens, concurrency, key, here)
     return {"concurrency": concurrency, "requests": len(reqs), "bandwidth_gbs": cal.bandwidth_gbs,
-            "measurements": measurements,
+            "readings": [[c.bandwidth_gbs, machine_profile(c, model.dtype).peak_tflops]
+                         for c in readings],
             "tflops": here.peak_tflops, "dtype": str(model.dtype).removeprefix("torch."),
             "batched_s": floor.batched_s, "sequential_s": floor.sequential_s,
             "output_tokens": floor.output_tokens, "ratio": floor.ratio,
             "elsewhere": {hardware.get_hardware(k).name: mix_floor(*lens, concurrency, key, k).ratio
                           for k in FLOOR_ELSEWHERE}}
+
+
+def _readings(floor: dict[str, Any]) -> str:
+    """", best of N ..." for a floor from several calibrations, with what each read (a
+    machine whose speed moves between them shows it here); "" for one."""
+    if len(got := floor.get("readings") or []) > 1:
+        gbs = " and ".join(f"{g:.1f}" for g, _ in got)
+        tflops = " and ".join(f"{t:.2f}" for _, t in got)
+        return (f", best of {len(got)}, before and after the runs, which read {gbs} GB/s "
+                f"and {tflops} TFLOPS")
+    if (n := floor.get("measurements", 1)) > 1:  # a JSON saved before readings were kept
+        return f", best of {n}, before and after the runs"
+    return ""
 
 
 def device_of(loaded: LoadedModel) -> str:
@@ -54,8 +71,7 @@ def floor_lines(floor: dict[str, Any], results: list[RunResult]) -> list[str]:
     best = {eng: f["output_tokens"] / f["batched_s"], loc: f["output_tokens"] / f["sequential_s"]}
     lines = [f"roofline floor of this mix here ({f['bandwidth_gbs']:.1f} GB/s, "
              f"{f['tflops']:.2f} TFLOPS {f['dtype']}, measured by measure.calibrate"
-             + (f", best of {f['measurements']}, before and after the runs"
-                if f.get("measurements", 1) > 1 else "") + "; no "
+             + _readings(f) + "; no "
              f"overheads, no attention FLOPs): {eng} >= {f['batched_s']:.1f} s "
              f"({best[eng]:.0f} tok/s), {loc} >= {f['sequential_s']:.1f} s ({best[loc]:.0f} "
              f"tok/s): batching alone can buy {f['ratio']:.1f}x on this machine"]

@@ -122,6 +122,20 @@ def test_report_prints_the_roofline_floor_and_the_share_reached():
     assert "floor" not in report(results)
 
 
+def test_a_floor_from_two_calibrations_says_what_each_read():
+    results = [_run("engine@4", 0.01)]
+    floor = {"concurrency": 4, "requests": 4, "bandwidth_gbs": 43.3, "tflops": 0.89,
+             "dtype": "bfloat16", "batched_s": 0.025, "sequential_s": 0.1, "output_tokens": 20,
+             "ratio": 4.0, "elsewhere": {}, "readings": [[36.4, 0.52], [43.3, 0.89]]}
+    assert ("best of 2, before and after the runs, which read 36.4 and 43.3 GB/s and 0.52 "
+            "and 0.89 TFLOPS; no overheads") in report(results, floor)
+    del floor["readings"]  # a JSON saved before the readings were kept
+    floor["measurements"] = 2
+    assert "best of 2, before and after the runs; no overheads" in report(results, floor)
+    floor["measurements"] = 1
+    assert "best of" not in report(results, floor)
+
+
 def test_saved_json_reprints_the_same_report(tmp_path):
     results = [_run("engine@4", 0.01), RunResult("hf_static", na="skipped")]
     results[0].extra = {"steps": 5, "preemptions": 0, "cached_prompt_tokens": 0,
