@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 from page_geometry import PresenterView, misfits
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from polling import wait_for
 from test_browser import RACE_TIMEOUT_MS, shots  # noqa: F401 (a fixture)
 
@@ -105,7 +106,10 @@ def test_a_begun_scenario_fits_the_screen(server, browser, shots, view, size):  
     if size == SHOT_SIZE and view.name != "arena":  # the arena's: once its race has ended
         screenshot(page, shots / f"presenter_{view.name}.png")
     if view.stop is not None and enabled(page, view.stop):
-        page.get_by_role("button", name=view.stop, exact=True).click()
+        try:
+            page.get_by_role("button", name=view.stop, exact=True).click(timeout=15_000)
+        except PlaywrightTimeoutError:  # the scenario ended between the check and the click
+            assert not enabled(page, view.stop), "Stop is enabled but took no click"
         wait_for(lambda: not enabled(page, view.stop), 60, "Stop did not end the scenario",
                  interval=0.25)
     page.context.close()
