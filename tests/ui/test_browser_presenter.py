@@ -156,6 +156,13 @@ def users_in_race(page) -> str:
     return metric.locator(METRIC_VALUE).inner_text()
 
 
+def race_state(page) -> str:
+    """What the page shows of the race, for a failure's message."""
+    stop = "enabled" if enabled(page, "Stop") else "disabled"
+    finished = users_in_race(page) if page.locator(".st-key-side-datacenter").count() else "-"
+    return f"at {page.url}, {played(page)} played, Stop {stop}, finished {finished}"
+
+
 def test_clicker_keys_start_the_next_and_the_previous_scenario(server, browser):  # noqa: F811
     page = presenter_page(browser, server, *SHOT_SIZE)
     assert page.get_by_text("Clicker: PageDown or →").count() == 1  # the hint is shown
@@ -170,8 +177,10 @@ def test_clicker_keys_start_the_next_and_the_previous_scenario(server, browser):
     wait_for(lambda: played(page) == "many_users" and users_in_race(page).endswith("/32"),
              60, "ArrowRight did not start 32 users", interval=0.25)
     page.get_by_role("button", name="Stop", exact=True).click()
-    wait_for(lambda: enabled(page, "One user"), 60, "Stop did not end the race",
-             interval=0.25)
+    try:
+        wait_for(lambda: enabled(page, "One user"), 60, interval=0.25)
+    except AssertionError:  # a lost click leaves Stop enabled; a stuck race, Finished still
+        raise AssertionError(f"Stop did not end the race: {race_state(page)}") from None
     page.keyboard.press("PageUp")
     wait_for(lambda: played(page) == "one_user" and users_in_race(page).endswith("/1"), 60,
              "PageUp did not start One user again", interval=0.25)
