@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -245,23 +245,34 @@ def screenshot(page, folder: Path, name: str) -> None:
     page.set_viewport_size({"width": 1600, "height": 1000})
 
 
-def remove_chip(page, name: str, tries: int = 6) -> None:
-    """Click a multiselect chip's remove button until the chip is gone: a click that lands
-    while the page's first run is still re-rendering the widget is lost, and the chip
-    stays."""
+def click_until(button, done: Callable[[], bool], tries: int, wait_s: float) -> bool:
+    """Click `button` until `done()` holds, waiting `wait_s` after each click: a click that
+    lands while Streamlit re-renders the widget is lost, so it is made again, at most
+    `tries` times. A button that takes no click (disabled, gone) is asked `done()` again.
+    Returns whether `done()` held."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    chip = page.get_by_role("button", name=name, exact=True)
     for _ in range(tries):
-        if chip.count() == 0:  # an earlier click took effect late
-            return
-        chip.click()
+        if done():  # an earlier click took effect late, or there is nothing to do
+            return True
         try:
-            chip.wait_for(state="detached", timeout=10_000)
-            return
+            button.click(timeout=15_000)
         except PlaywrightTimeout:
             continue
-    raise AssertionError(f"{name!r} still there after {tries} clicks")
+        try:
+            wait_for(done, wait_s, interval=0.25)
+            return True
+        except AssertionError:
+            pass
+    return done()
+
+
+def remove_chip(page, name: str, tries: int = 6) -> None:
+    """Click a multiselect chip's remove button until the chip is gone (a click that lands
+    while the page's first run is still re-rendering the widget is lost)."""
+    chip = page.get_by_role("button", name=name, exact=True)
+    if not click_until(chip, lambda: chip.count() == 0, tries, 10):
+        raise AssertionError(f"{name!r} still there after {tries} clicks")
 
 
 def test_presenter_mode_scenario_replays_and_every_page(server, browser, shots):

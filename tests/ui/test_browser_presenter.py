@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import pytest
 from page_geometry import PresenterView, misfits
-from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from polling import wait_for
-from test_browser import RACE_TIMEOUT_MS, shots  # noqa: F401 (a fixture)
+from test_browser import RACE_TIMEOUT_MS, click_until, shots  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
 
@@ -111,23 +110,13 @@ def test_a_begun_scenario_fits_the_screen(server, browser, shots, view, size):  
 
 
 def click_stop(page, name: str = "Stop", tries: int = 4) -> None:
-    """Click Stop until it is disabled (nothing runs). A click that lands while the page
-    re-renders the button is lost (as `remove_chip`'s are), so a click that left Stop
-    enabled for 20 s is made again, as a presenter would; a scenario that ends between a
-    check and the click disables Stop by itself."""
-    for _ in range(tries):
-        if not enabled(page, name):
-            return
-        try:
-            page.get_by_role("button", name=name, exact=True).click(timeout=15_000)
-        except PlaywrightTimeoutError:
-            continue  # disabled before the click: checked again above
-        try:
-            wait_for(lambda: not enabled(page, name), 20, interval=0.25)
-            return
-        except AssertionError:
-            pass
-    raise AssertionError(f"{name} clicked {tries} times and still enabled: {race_state(page)}")
+    """Click Stop until it is disabled (nothing runs), again where a click was lost, as a
+    presenter would; a scenario that ends between a check and the click disables Stop by
+    itself."""
+    button = page.get_by_role("button", name=name, exact=True)
+    if not click_until(button, lambda: not enabled(page, name), tries, 20):
+        raise AssertionError(f"{name} clicked {tries} times and still enabled: "
+                             f"{race_state(page)}")
 
 
 def screenshot(page, path) -> None:
