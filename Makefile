@@ -8,10 +8,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# test-fast: a pytest-xdist worker per core, each test file whole on one worker (its module
-# fixtures are built once); PARALLEL= runs them in one process. `make test` stays in one:
-# its browser tests wait on servers that parallel workers starve of the CPU
-PARALLEL ?= -n auto --dist loadfile
+# a pytest-xdist worker per core, each test file whole on one worker (its module fixtures
+# are built once); PARALLEL= runs them in one process. The browser test files go to one
+# worker together, first, and the other workers run at a lower priority (tests/conftest.py):
+# a page's waits are on its dashboard's server, which must not be starved of the CPU
+PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup run test test-fast screenshots lint bench chromium compiler compat llama-server
 
@@ -42,7 +43,7 @@ compiler:
 
 test: setup chromium compiler
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not compat"
+	$(BIN)/python -m pytest -q $(PARALLEL) -m "not compat"
 
 test-fast: setup
 	$(BIN)/ruff check .

@@ -19,7 +19,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 from engine.models.loaded import LoadedModel  # noqa: E402
 
-# `make test-fast` runs the test files on one pytest-xdist worker per core: each worker's
+# `make test` and `make test-fast` run on one pytest-xdist worker per core: each worker's
 # torch gets its share of the cores, as do the servers it starts (OMP_NUM_THREADS), so the
 # workers' thread pools never spin against each other
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -27,6 +27,10 @@ if _WORKERS > 1:
     _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
     torch.set_num_threads(_THREADS)
     os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+# how far a worker that drives no browser steps back (see pytest_runtest_setup)
+_OTHERS_NICENESS = 10
+_NICED = False
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # the device tests run on; set BATCHLENS_TEST_DEVICE=cuda on a GPU machine
@@ -38,10 +42,47 @@ MODEL_FIXTURES = frozenset({"loaded", "hf_model", "tokenizer_dir", "tiny_models"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that reads the bundled model's files, directly or through another fixture, is
-    a `model` test even where its module forgot the mark: `make test-fast` never loads them."""
+    a `model` test even where its module forgot the mark: `make test-fast` never loads them.
+    On pytest-xdist workers the browser tests come first, so their worker starts on them."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+        if (item.get_closest_marker("browser") is not None) != _in_browser_file(item.nodeid):
+            raise pytest.UsageError(
+                f"{item.nodeid}: browser tests, and only they, live in tests/ui/test_browser*.py"
+                " (their pytest-xdist worker is chosen by file name)")
+    if _WORKERS > 1:
+        items.sort(key=lambda item: not _in_browser_file(item.nodeid))
+
+
+def _in_browser_file(nodeid: str) -> bool:
+    return Path(nodeid.split("::")[0]).name.startswith("test_browser")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, except that all the browser test files are one unit of work: one
+    worker drives the browser tests one after another (and never two dashboards at once)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class BrowserFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "browser" if _in_browser_file(nodeid) else super()._split_scope(nodeid)
+
+    return BrowserFilesTogether(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A worker's first test that drives no browser lowers its own priority (and its
+    servers'), for good: the worker driving the browser tests then has the CPU it needs,
+    since a page's every wait is on its own server's steps, and the others take the rest."""
+    global _NICED
+    if _WORKERS > 1 and not _NICED and not _in_browser_file(item.nodeid):
+        os.nice(_OTHERS_NICENESS)
+        _NICED = True
 
 
 @pytest.fixture(scope="session")
@@ -126,3 +167,4 @@ def local(loaded):
 
     with LocalPC(loaded, n_ctx=512) as local_pc:
         yield local_pc
+
