@@ -43,7 +43,10 @@ MODEL_FIXTURES = frozenset({"loaded", "hf_model", "tokenizer_dir", "tiny_models"
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that reads the bundled model's files, directly or through another fixture, is
     a `model` test even where its module forgot the mark: `make test-fast` never loads them.
-    On pytest-xdist workers the browser tests come first, so their worker starts on them."""
+
+    On pytest-xdist workers the browser tests come first, so their worker starts on them,
+    then the files that run the model, which take longest, so no worker ends on one of them
+    while the others are done."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
@@ -52,7 +55,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid}: browser tests, and only they, live in tests/ui/test_browser*.py"
                 " (their pytest-xdist worker is chosen by file name)")
     if _WORKERS > 1:
-        items.sort(key=lambda item: not _in_browser_file(item.nodeid))
+        with_model = {item.path for item in items if item.get_closest_marker("model")}
+        items.sort(key=lambda item: (not _in_browser_file(item.nodeid),
+                                     item.path not in with_model))
 
 
 def _in_browser_file(nodeid: str) -> bool:
