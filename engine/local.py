@@ -16,7 +16,7 @@ contiguous cache; rejected drafts' K/V lie past `num_computed_tokens` and are ov
 later (the buffer is reserved whole, so nothing is freed).
 
 Parallel sampling (`SamplingParams.n` > 1) runs as a single-user runtime with n slots
-runs it (llama.cpp's `--parallel n`): n contiguous n_ctx reservations, one per candidate,
+does (llama.cpp's `--parallel n`): n contiguous n_ctx reservations, one per candidate,
 served one after another, each processing the prompt again into its own slot (nothing is
 shared), each with its own generator seeded as on the engine
 (`engine.config.candidate_params`). A finished candidate's slot keeps its K/V until the
@@ -59,6 +59,30 @@ class Pacing(Protocol):
     def prefill_seconds(self, prompt_tokens: int) -> float: ...
 
     def decode_seconds(self, context: int) -> float: ...
+
+
+class Release:
+    """When a paced request's next tokens may go out: the first once the projected device
+    would have processed the prompt, each later one the projected decode time after the
+    one before. A step slower than the projection is not paid for twice: the next token is
+    due a decode time after the slow one went out, not earlier to catch up."""
+
+    def __init__(self, pace: Pacing, prompt_tokens: int, start: float) -> None:
+        self.pace = pace
+        self.at = start + pace.prefill_seconds(prompt_tokens)
+        self._first = True
+
+    def due(self, contexts: range) -> float:
+        """The time the tokens decoded at these contexts may go out (the first token, which
+        ends the prefill, is due at `at` whatever its context)."""
+        if not self._first:
+            self.at += sum(self.pace.decode_seconds(c) for c in contexts)
+        self._first = False
+        return self.at
+
+    def sent(self, now: float) -> None:
+        """The tokens went out at `now` (no earlier than `due`)."""
+        self.at = max(self.at, now)
 
 
 class LocalPC(ServingBase):
@@ -193,10 +217,8 @@ class LocalPC(ServingBase):
         eos = self.loaded.eos_token_ids
         seq.status = Status.RUNNING
         start = seq.metrics.first_scheduled_time = time.monotonic()
-        release = start
-        pace = self.pacing
-        if pace:
-            release += pace.prefill_seconds(len(seq.prompt_token_ids))
+        release = (Release(self.pacing, len(seq.prompt_token_ids), start)
+                   if self.pacing else None)
         proposer = self.speculation.proposer() if self.speculation is not None else None
         reason, error = None, None
         try:
@@ -217,15 +239,14 @@ class LocalPC(ServingBase):
                         seq.num_computed_tokens += n
                     continue
                 tokens = sampled[0] if isinstance(sampled[0], list) else [sampled[0]]
-                if pace:
-                    if seq.output_token_ids:
-                        release += sum(pace.decode_seconds(seq.num_tokens + j)
-                                       for j in range(len(tokens)))
-                    delay = release - time.monotonic()
+                if release is not None:
+                    due = release.due(range(seq.num_tokens, seq.num_tokens + len(tokens)))
+                    delay = due - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
-                    release = max(release, time.monotonic())
                 before, now = len(seq.output_token_ids), time.monotonic()
+                if release is not None:
+                    release.sent(now)
                 if seq.spec_token_ids:
                     self.spec_decode.observe(len(seq.spec_token_ids), len(tokens) - 1)
                     reason = append_verified(seq, tokens, now, detok, eos, self.n_ctx)

@@ -47,16 +47,21 @@ def test_users_queue_one_after_another(local):
     assert local.stats().kv_reserved_bytes == 0  # nothing active, nothing reserved
 
 
-def test_emulated_device_paces_to_the_projection(loaded):
-    # a 70B model at int4 on a desktop CPU projects ~2.5 tokens/s: far slower than this machine
+def test_emulated_device_releases_no_token_before_the_projection(loaded):
+    # a 70B model at int4 on a desktop CPU projects ~2.5 tokens/s: far slower than this
+    # machine, so the release schedule, not the compute, sets the pace (the schedule's own
+    # arithmetic is tests/engine/test_pacing.py); a slow or busy machine only adds to the
+    # gaps, so the bound holds on any machine
     pacing = hardware.Emulation("desktop_cpu", "llama-2-70b", "int4")
     with LocalPC(loaded, n_ctx=256, pacing=pacing) as paced:
         out = paced.generate(["Tell me about the sea."],
-                              SamplingParams(max_tokens=8, ignore_eos=True))[0]
-    proj = hardware.decode_tokens_per_s("llama-2-70b", "int4", "desktop_cpu", batch=1,
-                                        context=len(out.prompt_token_ids) + 4)
-    measured = 1.0 / out.metrics.tpot
-    assert measured == pytest.approx(proj.per_user, rel=0.10)
+                             SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    m, prompt = out.metrics, len(out.prompt_token_ids)
+    assert m.token_times[0] - m.first_scheduled_time >= pacing.prefill_seconds(prompt)
+    for k in range(1, len(m.token_times)):
+        # output token k is decoded at context prompt + k
+        assert m.token_times[k] - m.token_times[k - 1] >= pacing.decode_seconds(prompt + k)
+    assert len(out.token_ids) == 8
     assert out.emulated and "70B" in out.emulated and "projected" in out.emulated
 
 
