@@ -64,7 +64,7 @@ def _in_browser_file(nodeid: str) -> bool:
     return Path(nodeid.split("::")[0]).name.startswith("test_browser")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadfile`, except that all the browser test files are one unit of work: one
     worker drives the browser tests one after another (and never two dashboards at once)."""
