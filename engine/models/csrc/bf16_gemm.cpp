@@ -146,11 +146,23 @@ inline void amx_configure(int rows) {
   _tile_loadconfig(&c);
 }
 
+// The next block's weights, fetched into L2 a slice per 32 K while this block's products
+// run: `lines` cache lines from `at` per slice (none where at is null), clipped at `end`.
+struct Ahead {
+  const char* at;
+  const char* end;
+  int64_t lines;
+  inline void step() {
+    if (at == nullptr) return;
+    for (int64_t i = 0; i < lines && at < end; ++i, at += 64) _mm_prefetch(at, _MM_HINT_T1);
+  }
+};
+
 // C tiles for RT row tiles of x (16 rows each, from xr) against one 32-output block wb,
 // stored to c [16 RT][32] float32.
 template <int RT>
-inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
-                     float* c) {
+inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k, float* c,
+                     Ahead& ahead) {
   _tile_zero(0);
   _tile_zero(1);
   int64_t k0 = 0;
@@ -158,6 +170,8 @@ inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
     // one row tile leaves tiles 2, 3 and 5 free: every other 32 K loads its A and B
     // tiles into those, so the next slice's loads need not wait for this one's products
     for (; k0 + 2 * kAmxK <= k; k0 += 2 * kAmxK) {
+      ahead.step();
+      ahead.step();
       const char* wk = wb + k0 * 64;
       _tile_loadd(6, wk, 128);
       _tile_loadd(7, wk + 64, 128);
@@ -175,6 +189,7 @@ inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
     _tile_zero(3);
   }
   for (; k0 < k; k0 += kAmxK) {
+    ahead.step();
     const char* wk = wb + k0 * 64;  // 16 rows of 128 bytes: pairs k0/2 .. k0/2 + 15
     _tile_loadd(6, wk, 128);
     _tile_loadd(7, wk + 64, 128);
@@ -219,13 +234,21 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
     for (int64_t b = b0; b < b1; ++b) {
       const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
       const at::BFloat16* bb = bias != nullptr ? bias + b * 32 : nullptr;
+      // past 16 rows a block's products take as long as its weights take to arrive: its
+      // passes over the rows fetch the next block meanwhile, or each block would wait on
+      // memory first and compute after (under 16 rows the tile waits on memory anyway, and
+      // the extra prefetches only slow it). A block is k lines of 64 bytes; each pass over
+      // it takes k / 32 slices.
+      const int64_t passes = (mp + 2 * kAmxRows - 1) / (2 * kAmxRows);
+      Ahead ahead{b + 1 < b1 && mp > kAmxRows ? wb + k * 64 : nullptr, wb + 2 * k * 64,
+                  (kAmxK + passes - 1) / passes};
       for (int64_t r = 0; r < mp; r += 2 * kAmxRows) {
         const char* xr = reinterpret_cast<const char*>(x + r * xs);
         const int64_t tiles = mp - r >= 2 * kAmxRows ? 2 : 1;
         if (tiles == 2)
-          amx_tile<2>(xr, x_bytes, wb, k, c);
+          amx_tile<2>(xr, x_bytes, wb, k, c, ahead);
         else
-          amx_tile<1>(xr, x_bytes, wb, k, c);
+          amx_tile<1>(xr, x_bytes, wb, k, c, ahead);
         const int64_t rows = m - r < tiles * kAmxRows ? m - r : tiles * kAmxRows;
         amx_write(c, rows, bb, y + r * n + b * 32, n);
       }
