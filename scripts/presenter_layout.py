@@ -46,7 +46,7 @@ VIEWS = (
 
 
 # a side's panel once its requests run: "Running..." outside presenter mode, a headline there
-BEGUN_JS = """() => [...document.querySelectorAll('[class*="st-key-side-"]')].some(el =>
+BEGUN_JS = r"""() => [...document.querySelectorAll('[class*="st-key-side-"]')].some(el =>
   /Running\.\.\.|had an answer after/.test(el.innerText))"""
 
 
