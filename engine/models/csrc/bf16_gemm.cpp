@@ -231,17 +231,19 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
   at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
     amx_configure(static_cast<int>(std::min<int64_t>(mp, kAmxRows)));
     alignas(64) float c[2 * kAmxRows * 32];
+    // past 16 rows a block's products take as long as its weights take to arrive: its
+    // passes over the rows fetch the next block meanwhile, or each block would wait on
+    // memory first and compute after (under 16 rows the tile waits on memory anyway, and
+    // the extra prefetches gain nothing). A block is k lines of 64 bytes; each pass over it
+    // takes k / 32 slices, so each slice fetches 32 / passes lines of the next block.
+    const bool fetch_ahead = mp > kAmxRows;
+    const int64_t passes = (mp + 2 * kAmxRows - 1) / (2 * kAmxRows);
+    const int64_t lines_per_slice = (kAmxK + passes - 1) / passes;
     for (int64_t b = b0; b < b1; ++b) {
       const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
       const at::BFloat16* bb = bias != nullptr ? bias + b * 32 : nullptr;
-      // past 16 rows a block's products take as long as its weights take to arrive: its
-      // passes over the rows fetch the next block meanwhile, or each block would wait on
-      // memory first and compute after (under 16 rows the tile waits on memory anyway, and
-      // the extra prefetches only slow it). A block is k lines of 64 bytes; each pass over
-      // it takes k / 32 slices.
-      const int64_t passes = (mp + 2 * kAmxRows - 1) / (2 * kAmxRows);
-      Ahead ahead{b + 1 < b1 && mp > kAmxRows ? wb + k * 64 : nullptr, wb + 2 * k * 64,
-                  (kAmxK + passes - 1) / passes};
+      Ahead ahead{fetch_ahead && b + 1 < b1 ? wb + k * 64 : nullptr, wb + 2 * k * 64,
+                  lines_per_slice};
       for (int64_t r = 0; r < mp; r += 2 * kAmxRows) {
         const char* xr = reinterpret_cast<const char*>(x + r * xs);
         const int64_t tiles = mp - r >= 2 * kAmxRows ? 2 : 1;
