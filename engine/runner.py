@@ -34,7 +34,7 @@ from engine.attention.cuda_graphs import PaddedDecode
 from engine.attention.paged_kernel import PagedKernelBackend
 from engine.attention.torch_grouped import Gather, TorchGroupedBackend
 from engine.models import native, paged_decode
-from engine.models.attention import AttentionMetadata
+from engine.models.attention import AttentionMetadata, cache_shapes
 from engine.models.llama import LlamaModel, ModelArch
 from engine.models.native import PagedDecode
 from engine.sampler import (
@@ -96,11 +96,14 @@ class ModelRunner:
         self, arch: ModelArch, num_blocks: int, block_size: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         model = self.model
-        shape = (arch.num_kv_heads, num_blocks, block_size, arch.head_dim)
+        packed = native.packed_kv(model.device, model.dtype, block_size, arch.head_dim,
+                                  arch.num_heads // arch.num_kv_heads)
+        k_shape, v_shape = cache_shapes(arch.num_kv_heads, num_blocks, block_size,
+                                        arch.head_dim, packed)
         return [
             (
-                torch.zeros(shape, dtype=model.dtype, device=model.device),
-                torch.zeros(shape, dtype=model.dtype, device=model.device),
+                torch.zeros(k_shape, dtype=model.dtype, device=model.device),
+                torch.zeros(v_shape, dtype=model.dtype, device=model.device),
             )
             for _ in range(arch.num_layers)
         ]

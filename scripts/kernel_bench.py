@@ -9,9 +9,12 @@ alone); and one request alone (batch 1, its keys cut over the threads). Each fig
 median of `--rounds` passes over all layers after a warm-up, in GB/s of K/V read and as a
 share of `measure.calibrate`'s bandwidth, measured in the same run.
 
+The current kernel reads the caches as the engine lays them out here: packed where its AMX
+path serves (`native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps rows), else in rows.
 `--against REV` builds the kernel source of a git revision beside the current one and
-times the two in alternation, pass by pass, so both see the same load on a shared machine;
-the ratio of their medians is the figure to trust there.
+times the two in alternation, pass by pass, so both see the same load on a shared machine
+(the revision's kernel on caches in rows); the ratio of their medians is the figure to trust
+there.
 
     PYTHONPATH=. python scripts/kernel_bench.py [--dtype bfloat16|float32] [--against REV]
                                                 [--rounds N] [--threads N]
@@ -29,10 +32,12 @@ import torch
 from kernel_at import build_at  # scripts/, beside this file
 
 from engine.models import native
+from engine.models.attention import pack_caches
 from measure.calibrate import calibrate
 
 REQUESTS, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 9, 3, 64, 16, 30
 Op = Callable[..., torch.Tensor]
+Caches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def layout(lens: list[int], order: str, rng: random.Random) -> torch.Tensor:
@@ -51,17 +56,17 @@ def layout(lens: list[int], order: str, rng: random.Random) -> torch.Tensor:
     return tables
 
 
-def passes(ops: dict[str, Op], args: tuple, rounds: int) -> dict[str, list[float]]:
-    """Seconds per pass over all layers for each op, the ops taking turns pass by pass (the
-    order flipped every round)."""
-    q, caches, tables, context = args
+def passes(ops: dict[str, tuple[Op, Caches]], args: tuple, rounds: int) -> dict[str, list[float]]:
+    """Seconds per pass over all layers for each op (with its caches), the ops taking turns
+    pass by pass (the order flipped every round)."""
+    q, tables, context = args
     times: dict[str, list[float]] = {name: [] for name in ops}
-    for op in ops.values():  # warm-up
+    for op, caches in ops.values():  # warm-up
         [op(q, k, v, tables, context, 0.125) for k, v in caches]
     names = list(ops)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            op = ops[name]
+            op, caches = ops[name]
             start = time.perf_counter()
             for k, v in caches:
                 op(q, k, v, tables, context, 0.125)
@@ -76,8 +81,12 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
     caches = [(torch.randn(KV_HEADS, pool, BLOCK, HEAD_DIM).to(dtype),
                torch.randn(KV_HEADS, pool, BLOCK, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
     per_key = LAYERS * 2 * KV_HEADS * HEAD_DIM * caches[0][0].element_size()
+    packed = native.packed_kv(torch.device("cpu"), dtype, BLOCK, HEAD_DIM, HEADS // KV_HEADS)
+    layouts = {name: [pack_caches(k, v) for k, v in caches] if packed and name == "this"
+               else caches for name in ops}
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
-          f"{sum(lens) * per_key / 1e6:.0f} MB of K/V; medians of {rounds} passes; "
+          f"{sum(lens) * per_key / 1e6:.0f} MB of K/V (this kernel's "
+          f"{'packed' if packed else 'in rows'}); medians of {rounds} passes; "
           f"calibrated bandwidth {bandwidth:.1f} GB/s")
     cases = [("shuffled blocks", lens, "shuffled"), ("blocks in order", lens, "in order"),
              ("same blocks (in cache)", lens, "same"), ("batch 1, 400 keys", [400], "shuffled")]
@@ -86,7 +95,8 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
         q = torch.randn(n, HEADS, HEAD_DIM).to(dtype)
         context = torch.tensor(case_lens, dtype=torch.int32)
         tables = layout(case_lens, order, rng)
-        times = passes(ops, (q, caches, tables, context), rounds)
+        times = passes({name: (op, layouts[name]) for name, op in ops.items()},
+                       (q, tables, context), rounds)
         nbytes = sum(case_lens) * per_key
         cells = []
         for op_name, ts in times.items():

@@ -11,6 +11,15 @@ KV cache layout of one layer (K and V alike)::
 Gathering a request's blocks along dim 1 yields its K as one contiguous
 [kvh, num_blocks_of_request * block_size, d] run, which is what a decode batch needs.
 
+Packed (5-dim), where the CPU decode kernel drives AMX tiles (`native.packed_kv`): within a
+block K keeps its dims in pairs, each pair row holding the block's keys, and V its keys in
+pairs, so the kernel reads 16 keys' K and V as tiles where they lie::
+
+    k_cache[kv_head, block, d // 2, offset, d % 2]        [kvh, num_blocks, d/2, block_size, 2]
+    v_cache[kv_head, block, offset // 2, d, offset % 2]   [kvh, num_blocks, block_size/2, d, 2]
+
+Blocks are on dim 1 in both layouts: a copy of whole blocks need not know which it is.
+
 The flat batch of one step is ordered: all decode tokens first (one per request),
 then each prefill chunk. Decode tokens are attended in one padded call for the whole
 batch; each prefill chunk in one call of its own (chunks are few and large). On a CPU with
@@ -82,12 +91,43 @@ class AttentionMetadata:
     kernel_decode: KernelDecode | None = None
 
 
+def cache_shapes(num_kv_heads: int, num_blocks: int, block_size: int, head_dim: int,
+                 packed: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of one layer's K and V cache tensors, in rows or packed (see above)."""
+    if packed:
+        return ((num_kv_heads, num_blocks, head_dim // 2, block_size, 2),
+                (num_kv_heads, num_blocks, block_size // 2, head_dim, 2))
+    shape = (num_kv_heads, num_blocks, block_size, head_dim)
+    return shape, shape
+
+
+def cache_dims(k_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """(kv heads, blocks, block size, head_dim) of a K cache in either layout."""
+    if k_cache.dim() == 5:
+        kvh, nb, half, bs, _ = k_cache.shape
+        return kvh, nb, bs, 2 * half
+    kvh, nb, bs, d = k_cache.shape
+    return kvh, nb, bs, d
+
+
+def pack_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed copies of K and V caches in rows (tests and benchmarks build them so)."""
+    kvh, nb, bs, d = k_cache.shape
+    return (k_cache.view(kvh, nb, bs, d // 2, 2).transpose(2, 3).contiguous(),
+            v_cache.view(kvh, nb, bs // 2, 2, d).transpose(3, 4).contiguous())
+
+
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
     """Store this step's K/V ([T, kvh, d]) at their slots, one indexed copy each."""
-    kvh, nb, bs, d = k_cache.shape
+    kvh, nb, bs, d = cache_dims(k_cache)
+    if k_cache.dim() == 5:
+        block, off = slot_mapping // bs, slot_mapping % bs
+        k_cache[:, block, :, off, :] = k.reshape(-1, kvh, d // 2, 2)  # [T, kvh, d/2, 2]
+        v_cache[:, block, off // 2, :, off % 2] = v  # [T, kvh, d]
+        return
     k_cache.view(kvh, nb * bs, d).index_copy_(1, slot_mapping, k.transpose(0, 1))
     v_cache.view(kvh, nb * bs, d).index_copy_(1, slot_mapping, v.transpose(0, 1))
 
@@ -101,10 +141,22 @@ def gather_index(block_ids: torch.Tensor, num_kv_heads: int, num_blocks: int) ->
     return (heads + block_ids[None, :]).reshape(-1)
 
 
-def gather_kv(cache: torch.Tensor, index: torch.Tensor, num_seqs: int) -> torch.Tensor:
-    """Read blocks by a `gather_index`: [kvh, S, max_blocks * block_size, d]."""
-    kvh, nb, bs, d = cache.shape
-    return cache.view(kvh * nb, bs * d).index_select(0, index).view(kvh, num_seqs, -1, d)
+def gather_kv(cache: torch.Tensor, index: torch.Tensor, num_seqs: int,
+              values: bool = False) -> torch.Tensor:
+    """Read blocks by a `gather_index`: [kvh, S, max_blocks * block_size, d]. `values`: the
+    cache is a V cache (packed K and V differ; in rows they do not)."""
+    kvh, nb = cache.shape[:2]
+    rows = cache.view(kvh * nb, -1).index_select(0, index)
+    if cache.dim() == 4:
+        return rows.view(kvh, num_seqs, -1, cache.shape[3])
+    if values:  # [.., bs/2, d, 2] -> [.., bs/2, 2, d]
+        half, d = cache.shape[2], cache.shape[3]
+        blocks = rows.view(kvh, num_seqs, -1, half, d, 2).transpose(4, 5)
+    else:  # [.., d/2, bs, 2] -> [.., bs, d/2, 2]
+        half, bs = cache.shape[2], cache.shape[3]
+        blocks = rows.view(kvh, num_seqs, -1, half, bs, 2).transpose(3, 4)
+        d = 2 * half
+    return blocks.reshape(kvh, num_seqs, -1, d)
 
 
 def decode_attention(
@@ -148,7 +200,7 @@ def paged_attention(
         # query heads of one kv head act as that head's "query length": [kvh, S, group, d]
         qd = q[rows].view(s, kvh, group, d).transpose(0, 1)
         kd = gather_kv(k_cache, g.gather_index, s)
-        vd = gather_kv(v_cache, g.gather_index, s)
+        vd = gather_kv(v_cache, g.gather_index, s, values=True)
         if g.fused:
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=g.bias, scale=scale)
         else:
@@ -165,7 +217,8 @@ def paged_attention(
             )
         else:
             kc = gather_kv(k_cache, chunk.gather_index, 1)[:, :, : chunk.context_len].transpose(0, 1)
-            vc = gather_kv(v_cache, chunk.gather_index, 1)[:, :, : chunk.context_len].transpose(0, 1)
+            vc = gather_kv(v_cache, chunk.gather_index, 1, values=True)[
+                :, :, : chunk.context_len].transpose(0, 1)
             qpos = torch.arange(chunk.prior_len, chunk.context_len, device=q.device)
             kpos = torch.arange(chunk.context_len, device=q.device)
             mask = kpos[None, :] <= qpos[:, None]

@@ -121,6 +121,17 @@ def paged_decode(device: torch.device, dtype: torch.dtype) -> PagedDecode | None
     return torch.ops.batchlens.paged_decode_attention
 
 
+def packed_kv(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
+              group: int) -> bool:
+    """Whether the KV cache is packed (engine/models/attention.py) for the decode kernel's
+    AMX path: bfloat16 on a CPU whose tiles the kernels drive, blocks of a multiple of 16
+    tokens, head_dim 64 or 128, 1-8 query heads per kv head. BATCHLENS_KV_PACKED=0 keeps
+    rows, to compare."""
+    return (device.type == "cpu" and dtype == torch.bfloat16
+            and os.environ.get("BATCHLENS_KV_PACKED", "1") != "0" and _build()[0]
+            and bool(torch.ops.batchlens.paged_packed_supported(head_dim, group, block_size)))
+
+
 def bf16_linear_built() -> bool:
     """Whether the bfloat16 matmul kernel (csrc/bf16_gemm.cpp,
     `torch.ops.batchlens.bf16_linear`) is built: the CPU has AVX512_BF16, or AVX2 and FMA,
@@ -175,6 +186,8 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
         return f"native kernels: none, torch paths ({reason})"
     cpu = torch.device("cpu")
     attention = "the kernel" if paged_decode(cpu, dtype) else "torch"
+    if attention == "the kernel" and packed_kv(cpu, dtype, 16, 64, 3):
+        attention += " (AMX tiles, packed K/V)"  # SmolLM2's shapes, the default block
     matmuls = ""
     if dtype == torch.bfloat16:
         matmuls = "; matmuls: " + (("the bfloat16 kernel (AMX tiles)" if bf16_linear_amx()

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from engine.models.attention import decode_attention, gather_index, gather_kv
+from engine.models.attention import cache_dims, decode_attention, gather_index, gather_kv
 
 PagedDecode = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
@@ -42,11 +42,11 @@ def reference(
     """The same attention in plain torch: gather every table into a padded copy, mask the
     keys past each context with -inf, two batched matmuls (the torch decode path's math)."""
     s, h, d = q.shape
-    kvh, nb, bs, _ = k_cache.shape
+    kvh, nb, bs, _ = cache_dims(k_cache)
     keys = block_tables.shape[1] * bs
     index = gather_index(block_tables.long().reshape(-1), kvh, nb)
     k = gather_kv(k_cache, index, s)  # [kvh, S, keys, d]
-    v = gather_kv(v_cache, index, s)
+    v = gather_kv(v_cache, index, s, values=True)
     pad = torch.arange(keys, device=q.device)[None, :] >= context_lens.long()[:, None]
     bias = torch.zeros(pad.shape, dtype=q.dtype, device=q.device).masked_fill_(pad, float("-inf"))
     qd = q.view(s, kvh, h // kvh, d).transpose(0, 1)  # [kvh, S, group, d]

@@ -9,6 +9,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.models import native
+from engine.models.attention import pack_caches
 
 
 def kernel():
@@ -47,8 +48,10 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
 ])
 @pytest.mark.parametrize("strided", [False, True])  # q as rows of a wider QKV output
 @pytest.mark.parametrize("path", ["", "avx2", "portable"])  # "": the fastest this CPU has
+@pytest.mark.parametrize("packed", [False, True])  # packed: the AMX path where it serves,
+                                                   # else the portable one
 def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, tol, strided,
-                                                  path, monkeypatch):
+                                                  path, packed, monkeypatch):
     if path:
         monkeypatch.setenv("BATCHLENS_KERNEL_PATH", path)
     g = torch.Generator().manual_seed(0)
@@ -66,7 +69,8 @@ def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, t
         wide[:, : kvh * group * d] = q.view(len(lens), -1)
         q = wide[:, : kvh * group * d].view(len(lens), kvh * group, d)
         assert not q.is_contiguous()
-    got = kernel()(q, k_cache, v_cache, tables, lens, 0.125)
+    caches = pack_caches(k_cache, v_cache) if packed else (k_cache, v_cache)
+    got = kernel()(q, *caches, tables, lens, 0.125)
     want = reference(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.dtype == dtype and got.shape == q.shape
     assert (got.double() - want).abs().max().item() < tol
@@ -87,8 +91,9 @@ def two_threads():
                                                (torch.float32, 64, 3, 1e-5)])
 @pytest.mark.parametrize("lens", [[1000], [700, 3], [256, 257], [1]])
 @pytest.mark.parametrize("path", ["", "avx2"])
+@pytest.mark.parametrize("packed", [False, True])
 def test_a_small_batch_cut_into_pieces_of_keys_matches_float64(dtype, d, group, tol, lens, path,
-                                                               two_threads, monkeypatch):
+                                                               packed, two_threads, monkeypatch):
     if path:
         monkeypatch.setenv("BATCHLENS_KERNEL_PATH", path)
     g = torch.Generator().manual_seed(1)
@@ -102,12 +107,35 @@ def test_a_small_batch_cut_into_pieces_of_keys_matches_float64(dtype, d, group, 
     tables = tables.view(len(lens), width).to(torch.int32)
     # scores spread wide, so each piece's running max differs and the merge must rescale
     q = (torch.randn(len(lens), kvh * group, d, generator=g) * 4).to(dtype)
-    got = kernel()(q, k_cache, v_cache, tables, lens_t, 0.125)
+    caches = pack_caches(k_cache, v_cache) if packed else (k_cache, v_cache)
+    got = kernel()(q, *caches, tables, lens_t, 0.125)
     want = reference(q, k_cache, v_cache, tables, lens_t, 0.125)
     assert (got.double() - want).abs().max().item() < tol
     torch.set_num_threads(1)  # one thread: no pieces, the same attention
-    whole = kernel()(q, k_cache, v_cache, tables, lens_t, 0.125)
+    whole = kernel()(q, *caches, tables, lens_t, 0.125)
     assert (got.double() - whole.double()).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_slots_past_a_context_are_never_read(packed):
+    """NaN in every slot past each request's length (a block's unwritten tail, which may
+    hold anything): the output is that of the keys in context alone."""
+    g = torch.Generator().manual_seed(3)
+    kvh, bs, d, group = 3, 16, 64, 3
+    lens = torch.tensor([1, 5, 16, 17, 40], dtype=torch.int32)
+    width = -(-int(lens.max()) // bs)
+    k_cache = torch.randn(kvh, len(lens) * width, bs, d, generator=g).bfloat16()
+    v_cache = torch.randn(kvh, len(lens) * width, bs, d, generator=g).bfloat16()
+    tables = torch.arange(len(lens) * width, dtype=torch.int32).view(len(lens), width)
+    for i, n in enumerate(lens.tolist()):
+        k_cache.view(kvh, len(lens), width * bs, d)[:, i, n:] = float("nan")
+        v_cache.view(kvh, len(lens), width * bs, d)[:, i, n:] = float("nan")
+    q = torch.randn(len(lens), kvh * group, d, generator=g).bfloat16()
+    caches = pack_caches(k_cache, v_cache) if packed else (k_cache, v_cache)
+    got = kernel()(q, *caches, tables, lens, 0.125)
+    assert not got.isnan().any()
+    want = reference(q, k_cache.nan_to_num(), v_cache.nan_to_num(), tables, lens, 0.125)
+    assert (got.double() - want).abs().max().item() < 2e-2
 
 
 def test_kernel_rejects_mismatched_inputs():
@@ -123,6 +151,9 @@ def test_kernel_rejects_mismatched_inputs():
         kernel()(q, cache, cache, table, torch.tensor([3, 17], dtype=torch.int32), 0.125)
     with pytest.raises(RuntimeError, match="block_tables"):  # block 4 of a 4-block cache
         kernel()(q, cache, cache, table + 4, lens, 0.125)
+    k_packed, v_packed = pack_caches(cache, cache)
+    with pytest.raises(RuntimeError, match="packed caches"):  # K and V swapped
+        kernel()(q, v_packed, k_packed, table, lens, 0.125)
 
 
 def test_cpu_bfloat16_and_float32_use_the_kernel_where_it_is_built():
@@ -136,6 +167,19 @@ def test_cpu_bfloat16_and_float32_use_the_kernel_where_it_is_built():
         "decode attention: the kernel" if native._build()[0] else ")")
 
 
+def test_bfloat16_caches_are_packed_where_the_tile_kernel_reads_them(monkeypatch):
+    cpu = torch.device("cpu")
+    tiles = native._build()[0] and torch.ops.batchlens.paged_packed_supported(64, 3, 16)
+    assert native.packed_kv(cpu, torch.bfloat16, 16, 64, 3) == tiles
+    assert native.packed_kv(cpu, torch.bfloat16, 32, 128, 4) == tiles
+    assert not native.packed_kv(cpu, torch.float32, 16, 64, 3)
+    assert not native.packed_kv(cpu, torch.bfloat16, 8, 64, 3)  # a block under 16 keys
+    assert not native.packed_kv(cpu, torch.bfloat16, 16, 48, 3)  # no instance for head_dim 48
+    assert not native.packed_kv(torch.device("cuda"), torch.bfloat16, 16, 64, 3)
+    monkeypatch.setenv("BATCHLENS_KV_PACKED", "0")
+    assert not native.packed_kv(cpu, torch.bfloat16, 16, 64, 3)
+
+
 @pytest.mark.model
 def test_engine_decode_logits_match_the_torch_path():
     """Same prompts, same schedule: the first decode step's logits agree either way."""
@@ -147,6 +191,11 @@ def test_engine_decode_logits_match_the_torch_path():
         with Engine(EngineConfig(device="cpu", dtype="bfloat16", max_num_seqs=8)) as eng:
             runner = eng.runner
             assert (runner.decode_kernel is not None) is True
+            arch = runner.model.arch
+            packed = native.packed_kv(runner.model.device, runner.model.dtype,
+                                      runner.block_size, arch.head_dim,
+                                      arch.num_heads // arch.num_kv_heads)
+            assert runner.kv_caches[0][0].dim() == (5 if packed else 4)
             # prompts by SDPA either way, so both runs decode the same first tokens (the
             # kernel's own prefill rows: test_prefill_rows_by_the_kernel_match_the_sdpa_path)
             runner.paged_prefill = False

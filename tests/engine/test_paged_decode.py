@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from engine.models import paged_decode
+from engine.models.attention import cache_shapes, gather_index, gather_kv, pack_caches, write_kv
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -57,6 +58,29 @@ def test_reference_matches_float64_attention(block_size, d, kvh, group):
     got = paged_decode.reference(q, kc, vc, tables, lens, 0.125)
     want = float64_attention(q, kc, vc, tables, lens, 0.125)
     assert got.shape == q.shape and (got.double() - want).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("block_size,d,kvh", [(16, 64, 3), (4, 48, 2), (2, 8, 1)])
+def test_packed_caches_hold_what_caches_in_rows_hold(block_size, d, kvh):
+    """write_kv into either layout, then gather_kv and the reference read the same K/V."""
+    g = torch.Generator().manual_seed(4)
+    num_blocks, tokens = 6, 11
+    rows = [torch.zeros(cache_shapes(kvh, num_blocks, block_size, d, False)[0])
+            for _ in range(2)]
+    packed = [torch.zeros(shape) for shape in cache_shapes(kvh, num_blocks, block_size, d, True)]
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens]
+    k, v = torch.randn(2, tokens, kvh, d, generator=g)
+    write_kv(*rows, k, v, slots)
+    write_kv(*packed, k, v, slots)
+    assert all(torch.equal(a, b) for a, b in zip(pack_caches(*rows), packed, strict=True))
+    index = gather_index(torch.tensor([3, 0, 5]), kvh, num_blocks)
+    assert torch.equal(gather_kv(packed[0], index, 1), gather_kv(rows[0], index, 1))
+    assert torch.equal(gather_kv(packed[1], index, 1, values=True), gather_kv(rows[1], index, 1))
+    q = torch.randn(2, kvh * 2, d, generator=g)
+    tables = torch.tensor([[3, 0, 5], [1, 2, 4]], dtype=torch.int32)
+    lens = torch.tensor([2 * block_size + 1, 3 * block_size], dtype=torch.int32)
+    assert torch.equal(paged_decode.reference(q, *packed, tables, lens, 0.125),
+                       paged_decode.reference(q, *rows, tables, lens, 0.125))
 
 
 def _triton_kernel(monkeypatch) -> tuple[paged_decode.PagedDecode, str]:

@@ -16,7 +16,7 @@
 //
 //   weights  7 per layer: input_norm, qkv (packed), qkv bias (an empty tensor: none),
 //            o (packed), post_norm, gate_up (packed), down (packed)
-//   caches   one K and one V tensor per layer, [KVH, NB, BS, D]
+//   caches   one K and one V tensor per layer, [KVH, NB, BS, D] or packed (attention.py)
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -50,7 +50,8 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
               "forward_layers: ", kWeightsPerLayer, " weights and one K and V cache per layer");
   TORCH_CHECK(x.dim() == 2 && context_lens.numel() == x.size(0),
               "forward_layers: every row of x is attended by the kernel (one length per row)");
-  const int64_t rows = x.size(0), head_dim = k_caches[0].size(3);
+  // V's dim 3 is head_dim whether the caches are packed or not
+  const int64_t rows = x.size(0), head_dim = v_caches[0].size(3);
   const int64_t q_width = num_heads * head_dim;
   auto norm = [&](const c10::optional<at::Tensor>& d, const at::Tensor& weight) {
     return recorded("batchlens::add_rms_norm", [&] { return add_rms_norm(x, d, weight, eps); });

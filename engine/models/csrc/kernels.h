@@ -8,6 +8,7 @@ namespace batchlens {
 
 // bf16_gemm.cpp
 bool bf16_linear_supported();
+bool bf16_linear_amx();
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                        const c10::optional<at::Tensor>& bias);
 
@@ -20,6 +21,7 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
 at::Tensor silu_mul(const at::Tensor& gate_up);
 
 // paged_attention.cpp
+bool paged_packed_supported(int64_t head_dim, int64_t group, int64_t block_size);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale);

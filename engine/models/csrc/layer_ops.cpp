@@ -14,6 +14,7 @@
 //
 //   qkv row   [ q: H x D | k: KVH x D | v: KVH x D ]
 //   k_cache   [KVH, NUM_BLOCKS, BS, D]   slot = block * BS + offset; v_cache alike
+//             packed (5-dim, see attention.py): K [KVH, NB, D/2, BS, 2], V [KVH, NB, BS/2, D, 2]
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -150,7 +151,8 @@ inline void rope_head(T* x, const T* c, const T* s, int64_t half) {
 template <typename T>
 void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
                         const int64_t* pos, T* kc, T* vc, const int64_t* slots, int64_t rows,
-                        int64_t H, int64_t KVH, int64_t D, int64_t num_slots) {
+                        int64_t H, int64_t KVH, int64_t D, int64_t num_slots, int64_t BS,
+                        bool packed) {
   const int64_t half = D / 2;
   at::parallel_for(0, rows, grain_rows((H + 2 * KVH) * D), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -160,8 +162,22 @@ void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
       for (int64_t h = 0; h < H + KVH; ++h) rope_head(row + h * D, c, s, half);
       const int64_t slot = slots[r];
       for (int64_t h = 0; h < KVH; ++h) {
-        std::memcpy(kc + (h * num_slots + slot) * D, row + (H + h) * D, D * sizeof(T));
-        std::memcpy(vc + (h * num_slots + slot) * D, row + (H + KVH + h) * D, D * sizeof(T));
+        const T* k = row + (H + h) * D;
+        const T* v = row + (H + KVH + h) * D;
+        if (!packed) {
+          std::memcpy(kc + (h * num_slots + slot) * D, k, D * sizeof(T));
+          std::memcpy(vc + (h * num_slots + slot) * D, v, D * sizeof(T));
+          continue;
+        }
+        // the block's elements: K's pair of dims d/2 holds this key at `off`; V's pair of
+        // keys off/2 holds this key's dim d in its half off % 2
+        const int64_t off = slot % BS;
+        T* kb = kc + (h * num_slots + slot - off) * D;
+        T* vb = vc + (h * num_slots + slot - off) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          kb[(d / 2 * BS + off) * 2 + d % 2] = k[d];
+          vb[(off / 2 * D + d) * 2 + off % 2] = v[d];
+        }
       }
     }
   });
@@ -176,10 +192,17 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads) {
   TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1,
               "rope_write_kv: qkv must be a CPU [rows, width] tensor with contiguous rows");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.sizes() == v_cache.sizes(),
-              "rope_write_kv: caches must be contiguous [KVH, NB, BS, D] of one shape");
-  const int64_t rows = qkv.size(0), D = k_cache.size(3);
+  const bool packed = k_cache.dim() == 5;
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  (packed ? v_cache.dim() == 5 && k_cache.size(4) == 2 && v_cache.size(4) == 2 &&
+                                k_cache.size(2) * 2 == v_cache.size(3) &&
+                                v_cache.size(2) * 2 == k_cache.size(3)
+                          : k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes()),
+              "rope_write_kv: caches must be contiguous [KVH, NB, BS, D] of one shape, or "
+              "packed K [KVH, NB, D/2, BS, 2] and V [KVH, NB, BS/2, D, 2]");
+  // V's dim 3 is head_dim in both layouts
+  const int64_t rows = qkv.size(0), D = v_cache.size(3);
+  const int64_t BS = packed ? k_cache.size(3) : k_cache.size(2);
   const int64_t H = num_heads, KVH = num_kv_heads;
   TORCH_CHECK(KVH == k_cache.size(0) && qkv.size(1) == (H + 2 * KVH) * D && D % 2 == 0,
               "rope_write_kv: qkv width must be (heads + 2 kv heads) x head_dim");
@@ -194,7 +217,7 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
               "rope_write_kv: positions and slot_mapping must be int64 [rows]");
   auto pos = positions.contiguous();
   auto slots = slot_mapping.contiguous();
-  const int64_t num_slots = k_cache.size(1) * k_cache.size(2), max_pos = cos.size(0);
+  const int64_t num_slots = k_cache.size(1) * BS, max_pos = cos.size(0);
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r)  // a bad index would write outside the cache
@@ -204,7 +227,8 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
     rope_write_kv_impl<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), cos.data_ptr<scalar_t>(),
                                  sin.data_ptr<scalar_t>(), pp, k_cache.data_ptr<scalar_t>(),
-                                 v_cache.data_ptr<scalar_t>(), sp, rows, H, KVH, D, num_slots);
+                                 v_cache.data_ptr<scalar_t>(), sp, rows, H, KVH, D, num_slots, BS,
+                                 packed);
   });
 }
 

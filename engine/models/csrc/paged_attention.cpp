@@ -7,8 +7,13 @@
 // time and sums the 16 dot products across lanes together (hsum16), by bfloat16 dot
 // instructions where the CPU has them (AVX512_BF16).
 //
+// With AMX the caches may come packed (5-dim, see attention.py): in each block K holds its
+// dims in pairs, each pair row the block's keys, and V its keys in pairs, so that 16 keys'
+// K and V are tiles the tile unit reads as they are (decode_amx).
+//
 //   q        [S, H, D]                  one new token per request
-//   k_cache  [KVH, NUM_BLOCKS, BS, D]   v_cache alike
+//   k_cache  [KVH, NUM_BLOCKS, BS, D]   v_cache alike; packed: K [KVH, NB, D/2, BS, 2],
+//                                       V [KVH, NB, BS/2, D, 2]
 //   tables   [S, MAX_BLOCKS] int32      block table per request (padding unused)
 //   lens     [S] int32                  context length per request (incl. the new token)
 //   returns  [S, H, D]
@@ -40,11 +45,20 @@ inline void row_to_f(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_f(src[i]);
 }
 
+// Where element (key t, dim d) of a block sits in it: rows of keys, or packed (K in pairs of
+// dims, V in pairs of keys)
+inline int64_t at_k(bool packed, int64_t t, int64_t d, int64_t BS, int64_t D) {
+  return packed ? (d / 2 * BS + t) * 2 + d % 2 : t * D + d;
+}
+inline int64_t at_v(bool packed, int64_t t, int64_t d, int64_t D) {
+  return packed ? (t / 2 * D + d) * 2 + t % 2 : t * D + d;
+}
+
 template <typename scalar_t>
 void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scalar_t* vc,
             const int32_t* tables,
             const int32_t* lens, scalar_t* out, int64_t S, int64_t H, int64_t KVH,
-            int64_t NB, int64_t BS, int64_t D, int64_t max_blocks, float scale) {
+            int64_t NB, int64_t BS, int64_t D, int64_t max_blocks, float scale, bool packed) {
   const int64_t G = H / KVH;
   // finite, so the running max never meets inf - inf
   constexpr float kLowest = -std::numeric_limits<float>::max();
@@ -68,10 +82,8 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
           const float* qg = qf.data() + g * D;
           float* sc = score.data();
           for (int64_t t = 0; t < n; ++t) {
-            const scalar_t* kt = kb + t * D;
             float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f(kt[d]);
+            for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f(kb[at_k(packed, t, d, BS, D)]);
             sc[t] = dot;
           }
           float bmax = m[g];
@@ -91,9 +103,7 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
           for (int64_t d = 0; d < D; ++d) ag[d] *= corr;
           for (int64_t t = 0; t < n; ++t) {
             const float p = sc[t];
-            const scalar_t* vt = vb + t * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vt[d]);
+            for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vb[at_v(packed, t, d, D)]);
           }
         }
       }
@@ -153,7 +163,9 @@ struct Partial {  // one piece's running softmax per query head; acc in the kern
 // Cuts the pairs into units and runs `body(unit, partial)` on every unit, longest first,
 // over the threads; then `finish(s, h, partial)` once per pair with the whole pair's
 // partial (a single piece's own, or the merge of its pieces).
-template <int G, int D, typename Body, typename Finish>
+struct NoScope {};  // what a thread sets up before its units and undoes after: nothing
+
+template <int G, int D, typename Scope = NoScope, typename Body, typename Finish>
 void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
                const Finish& finish) {
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
@@ -187,6 +199,7 @@ void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
   std::atomic<int64_t> next{0};
   const int64_t N = static_cast<int64_t>(units.size());
   at::parallel_for(0, std::min(nt, N), 1, [&](int64_t, int64_t) {
+    [[maybe_unused]] Scope scope;
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < N;) {
       const Unit& u = units[i];
       if (u.part < 0) {
@@ -467,6 +480,154 @@ void decode_bf16_dp(const at::BFloat16*, int64_t, const at::BFloat16*, const at:
                     int64_t, int64_t, int64_t, float) {}
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+constexpr bool kHasAmx = true;
+
+struct alignas(64) TileConfig {  // the tile unit's palette 1: 8 tiles, rows x colsb bytes
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The tiles of decode_amx, configured once per thread for its units (G rows of queries):
+//   0, 7  C: the scores of 16 keys, then 16 dims of p·v   G x 16 float32
+//   1     A: p of 16 keys, bfloat16                       G x 16
+//   2, 3  B: 16 keys (8 pairs) of V for 16 dims            8 x 16 pairs
+//   4, 5  A: q, 32 dims each                              G x 32
+//   6     B: 32 dims (16 pairs) of K for 16 keys           16 x 16 pairs
+template <int G>
+struct AmxScope {
+  AmxScope() {
+    TileConfig c;
+    const auto set = [&](int t, int rows, int bytes) {
+      c.rows[t] = static_cast<uint8_t>(rows), c.colsb[t] = static_cast<uint16_t>(bytes);
+    };
+    set(0, G, 64), set(7, G, 64), set(1, G, 32), set(2, 8, 64), set(3, 8, 64);
+    set(4, G, 64), set(5, G, 64), set(6, 16, 64);
+    asm volatile("" ::: "memory");
+    _tile_loadconfig(&c);
+  }
+  ~AmxScope() { _tile_release(); }
+};
+
+// bfloat16 over packed caches on the tile unit, 16 keys at a time: q·k is G x 16 scores from
+// D/32 tile products (q as A tiles, K's pair rows as B tiles, read in place), the online
+// softmax runs on those rows in AVX-512 registers as in decode_bf16_dp, and p·v is D/16 tile
+// products of p (rounded to bfloat16) against V's pair rows, each added into the float32
+// accumulators. GCC's tile intrinsics do not tell it they touch memory: the barriers keep
+// the stores of p and the reads of the stored C tiles where they are.
+template <int G, int D>
+void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
+                const at::BFloat16* vc, const int32_t* tables, const int32_t* lens,
+                at::BFloat16* out, int64_t S, int64_t H, int64_t KVH, int64_t NB, int64_t BS,
+                int64_t max_blocks, float scale) {
+  constexpr int QT = D / 32;  // A tiles of q
+  constexpr int VS = D / 16;  // 16-dim slices of V and of the output
+  const int64_t k_row = BS * 4, v_row = D * 4;  // bytes between pair rows
+  const auto body = [&](const Unit& u, Partial<G, D>& part) {
+    const int64_t s = u.s, h = u.h;
+    alignas(64) at::BFloat16 qa[G][D];
+    alignas(64) float scores[G][16], pv[VS][G][16];
+    alignas(64) at::BFloat16 p16[G][16];
+    alignas(64) at::BFloat16 vlast[8][D][2];  // a last tile's V, its missing keys zeroed
+    for (int g = 0; g < G; ++g)
+      std::memcpy(qa[g], q + s * q_stride + (h * G + g) * D, sizeof qa[g]);
+    const auto load_q = [&](int half) {  // q's dims [64 half, 64 half + 64) into tiles 4, 5
+      _tile_loadd(4, reinterpret_cast<const char*>(qa) + 128 * half, D * 2);
+      _tile_loadd(5, reinterpret_cast<const char*>(qa) + 128 * half + 64, D * 2);
+    };
+    if (QT == 2) load_q(0);
+    __m512 l[G];
+    float m[G];
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < VS; ++c) _mm512_store_ps(part.acc[g] + 16 * c, _mm512_setzero_ps());
+      m[g] = -std::numeric_limits<float>::max();  // finite: no inf - inf
+      l[g] = _mm512_setzero_ps();
+    }
+    const int32_t* table = tables + s * max_blocks;
+    const char* kbase = reinterpret_cast<const char*>(kc) + h * NB * BS * D * 2;
+    const char* vbase = reinterpret_cast<const char*>(vc) + h * NB * BS * D * 2;
+    // the K and V of the 16 keys from `key` (a multiple of 16): offsets of block + tile
+    const auto k_at = [&](int64_t key) {
+      return kbase + (table[key / BS] * BS * D + key % BS * 2) * 2;
+    };
+    const auto v_at = [&](int64_t key) {
+      return vbase + (table[key / BS] * BS * D + key % BS * D) * 2;
+    };
+    for (int64_t key = u.k0; key < u.k1; key += 16) {
+      if (key + 16 < u.k1) {  // the next tile's K and V into L1 while this one runs
+        const char* kn = k_at(key + 16);
+        const char* vn = v_at(key + 16);
+        for (int r = 0; r < D / 2; ++r) _mm_prefetch(kn + r * k_row, _MM_HINT_T0);
+        for (int c = 0; c < 8 * D * 4; c += 64) _mm_prefetch(vn + c, _MM_HINT_T0);
+      }
+      const int64_t n = std::min<int64_t>(16, u.k1 - key);
+      const char* kt = k_at(key);
+      const char* vt = v_at(key);
+      _tile_zero(0);
+      for (int i = 0; i < QT; ++i) {
+        if (QT > 2 && i % 2 == 0) load_q(i / 2);
+        _tile_loadd(6, kt + 16 * i * k_row, k_row);
+        if (i % 2 == 0)
+          _tile_dpbf16ps(0, 4, 6);
+        else
+          _tile_dpbf16ps(0, 5, 6);
+      }
+      _tile_stored(0, scores, 64);
+      asm volatile("" ::: "memory");
+      const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+      float corr[G];
+      bool grew[G];
+      for (int g = 0; g < G; ++g) {
+        __m512 p;
+        grew[g] = softmax_tile(_mm512_mul_ps(_mm512_load_ps(scores[g]), _mm512_set1_ps(scale)),
+                               valid, m[g], l[g], p, corr[g]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p16[g]), (__m256i)_mm512_cvtneps_pbh(p));
+      }
+      if (n < 16) {  // p is 0 past n, but V there may hold anything (NaN * 0 is NaN)
+        std::memcpy(vlast, vt, sizeof vlast);
+        for (int64_t t = n; t < 16; ++t)
+          for (int d = 0; d < D; ++d) vlast[t / 2][d][t % 2] = at::BFloat16(0.f);
+        vt = reinterpret_cast<const char*>(vlast);
+      }
+      asm volatile("" ::: "memory");
+      _tile_loadd(1, p16, 32);
+      for (int c = 0; c < VS; c += 2) {  // two slices at a time, in tiles 7 and 0
+        _tile_loadd(2, vt + 64 * c, v_row);
+        _tile_zero(7);
+        _tile_dpbf16ps(7, 1, 2);
+        _tile_loadd(3, vt + 64 * (c + 1), v_row);
+        _tile_zero(0);
+        _tile_dpbf16ps(0, 1, 3);
+        _tile_stored(7, pv[c], 64);
+        _tile_stored(0, pv[c + 1], 64);
+      }
+      asm volatile("" ::: "memory");
+      for (int g = 0; g < G; ++g) {
+        float* acc = part.acc[g];
+        const __m512 k = _mm512_set1_ps(grew[g] ? corr[g] : 1.f);
+        for (int c = 0; c < VS; ++c)
+          _mm512_store_ps(acc + 16 * c, _mm512_fmadd_ps(_mm512_load_ps(acc + 16 * c), k,
+                                                        _mm512_load_ps(pv[c][g])));
+      }
+    }
+    for (int g = 0; g < G; ++g) part.m[g] = m[g], part.l[g] = _mm512_reduce_add_ps(l[g]);
+  };
+  run_units<G, D, AmxScope<G>>(lens, S, KVH, body,
+                               [&](int64_t s, int64_t h, const Partial<G, D>& p) {
+                                 write_out<at::BFloat16, G, D>(out, H, s, h, p, nullptr);
+                               });
+}
+#else
+constexpr bool kHasAmx = false;
+template <int G, int D>  // never called: kHasAmx is false without AMX
+void decode_amx(const at::BFloat16*, int64_t, const at::BFloat16*, const at::BFloat16*,
+                const int32_t*, const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t,
+                int64_t, int64_t, int64_t, float) {}
+#endif
+
 // The compiled instances: G = 1..8 query heads per kv head, head_dim 64 or 128 (SmolLM2,
 // Llama, Mistral, Qwen2). Another shape returns false and runs the portable kernel.
 template <typename T>
@@ -707,19 +868,33 @@ bool decode_avx2_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
 
 namespace batchlens {
 
+bool paged_packed_supported(int64_t head_dim, int64_t group, int64_t block_size) {
+  return kHasAmx && bf16_linear_amx() && block_size % 16 == 0 &&
+         (head_dim == 64 || head_dim == 128) && group >= 1 && group <= 8;
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale) {
   TORCH_CHECK(q.device().is_cpu(), "paged_decode_attention runs on CPU tensors");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q must be [S, H, D], caches [KVH, NB, BS, D]");
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache shapes differ");
+  TORCH_CHECK(q.dim() == 3, "q must be [S, H, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
               "q and the caches must share a dtype");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
               "block_tables and context_lens must be int32");
   const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t KVH = k_cache.size(0), NB = k_cache.size(1), BS = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == D && H % KVH == 0, "head sizes do not match");
+  const bool packed = k_cache.dim() == 5;
+  const int64_t KVH = k_cache.size(0), NB = k_cache.size(1);
+  const int64_t BS = packed ? k_cache.size(3) : k_cache.size(2);
+  if (packed) {
+    const std::vector<int64_t> k_shape{KVH, NB, D / 2, BS, 2}, v_shape{KVH, NB, BS / 2, D, 2};
+    TORCH_CHECK(k_cache.sizes() == k_shape && v_cache.sizes() == v_shape && BS % 2 == 0,
+                "packed caches must be K [KVH, NB, D/2, BS, 2] and V [KVH, NB, BS/2, D, 2]");
+  } else {
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.size(3) == D,
+                "caches must be [KVH, NB, BS, D] of one shape, head_dim that of q");
+  }
+  TORCH_CHECK(H % KVH == 0, "the query heads must be a multiple of the kv heads");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == S && context_lens.numel() == S,
               "block_tables must be [S, max_blocks] and context_lens [S]");
   auto kc = k_cache.contiguous();
@@ -752,14 +927,26 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       any<T>(qc.data_ptr<T>(), qc.stride(0), kc.data_ptr<T>(), vc.data_ptr<T>(), tp, lp,       \
              out.data_ptr<T>(), S, H, KVH, NB, BS, D, max_blocks, sc))                         \
     return out;
+  if (packed && path.empty() && qc.scalar_type() == at::kBFloat16 &&
+      paged_packed_supported(D, H / KVH, BS)) {
+    const auto amx = [&](auto group) {
+      constexpr int G = decltype(group)::value;
+      const auto run = D == 64 ? decode_amx<G, 64> : decode_amx<G, 128>;
+      run(qc.data_ptr<at::BFloat16>(), qc.stride(0), kc.data_ptr<at::BFloat16>(),
+          vc.data_ptr<at::BFloat16>(), tp, lp, out.data_ptr<at::BFloat16>(), S, H, KVH, NB, BS,
+          max_blocks, sc);
+      return true;
+    };
+    if (with_group(H / KVH, amx)) return out;
+  }
 #if defined(__AVX512F__)
-  if (path.empty()) {
+  if (path.empty() && !packed) {
     BATCHLENS_TRY(decode_avx512_any, at::BFloat16)
     BATCHLENS_TRY(decode_avx512_any, float)
   }
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-  if (path != "portable") {
+  if (path != "portable" && !packed) {
     BATCHLENS_TRY(decode_avx2_any, at::BFloat16)
     BATCHLENS_TRY(decode_avx2_any, float)
   }
@@ -768,7 +955,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     decode<scalar_t>(qc.data_ptr<scalar_t>(), qc.stride(0), kc.data_ptr<scalar_t>(),
                      vc.data_ptr<scalar_t>(), tp, lp, out.data_ptr<scalar_t>(), S, H, KVH, NB, BS,
-                     D, max_blocks, sc);
+                     D, max_blocks, sc, packed);
   });
   return out;
 }
@@ -778,6 +965,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 TORCH_LIBRARY(batchlens, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
+  m.def("paged_packed_supported(int head_dim, int group, int block_size) -> bool",
+        &batchlens::paged_packed_supported);
 }
 
 TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
