@@ -13,6 +13,8 @@ from engine.models import loader, native
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = "engine/models/csrc"
 HEADERS = ("simd.h", "kernels.h")
+# sources a source calls into (paged_attention.cpp asks bf16_gemm.cpp for the tile state)
+NEEDS = {"paged_attention.cpp": ("bf16_gemm.cpp",)}
 
 
 def build_at(rev: str, source: str) -> None:
@@ -20,11 +22,12 @@ def build_at(rev: str, source: str) -> None:
     torch.ops.batchlens_ab (built once per source into the kernel cache)."""
     from torch.utils.cpp_extension import load
 
+    sources = (source, *NEEDS.get(source, ()))
     src = {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
                                 capture_output=True, text=True).stdout
-           for name in (source, *HEADERS)}
+           for name in (*sources, *HEADERS)}
     # its own op namespace and C++ namespace, so neither clashes with the current build's
-    for name in (source, "kernels.h"):
+    for name in (*sources, "kernels.h"):
         text = re.sub(r"TORCH_LIBRARY(\w*)\(batchlens,", r"TORCH_LIBRARY\1(batchlens_ab,",
                       src[name])
         src[name] = (text.replace("namespace batchlens ", "namespace batchlens_ab ")
@@ -35,5 +38,5 @@ def build_at(rev: str, source: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in src.items():
         (folder / name).write_text(text)
-    load(name=f"batchlens_ab_{key}", sources=[str(folder / source)],
+    load(name=f"batchlens_ab_{key}", sources=[str(folder / name) for name in sources],
          extra_cflags=native.cflags(), build_directory=str(folder), is_python_module=False)

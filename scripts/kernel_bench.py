@@ -13,8 +13,8 @@ The current kernel reads the caches as the engine lays them out here: packed whe
 path serves (`native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps rows), else in rows.
 `--against REV` builds the kernel source of a git revision beside the current one and
 times the two in alternation, pass by pass, so both see the same load on a shared machine
-(the revision's kernel on caches in rows); the ratio of their medians is the figure to trust
-there.
+(the revision's kernel on packed caches too where it reads them, else in rows); the ratio of
+their medians is the figure to trust there.
 
     PYTHONPATH=. python scripts/kernel_bench.py [--dtype bfloat16|float32] [--against REV]
                                                 [--rounds N] [--threads N]
@@ -82,8 +82,8 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
                torch.randn(KV_HEADS, pool, BLOCK, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
     per_key = LAYERS * 2 * KV_HEADS * HEAD_DIM * caches[0][0].element_size()
     packed = native.packed_kv(torch.device("cpu"), dtype, BLOCK, HEAD_DIM, HEADS // KV_HEADS)
-    layouts = {name: [pack_caches(k, v) for k, v in caches] if packed and name == "this"
-               else caches for name in ops}
+    packs = [pack_caches(k, v) for k, v in caches] if packed else caches
+    layouts = {name: packs if _reads(op, packs) else caches for name, op in ops.items()}
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
           f"{sum(lens) * per_key / 1e6:.0f} MB of K/V (this kernel's "
           f"{'packed' if packed else 'in rows'}); medians of {rounds} passes; "
@@ -107,6 +107,17 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
             a, b = (statistics.median(ts) for ts in times.values())
             cells.append(f"{b / a:.2f}x")
         print(f"  {name:<24}" + "   ".join(cells))
+
+
+def _reads(op: Op, caches: Caches) -> bool:
+    """Whether `op` takes these caches (a revision before the packed layout does not)."""
+    q = torch.zeros(1, HEADS, HEAD_DIM, dtype=caches[0][0].dtype)
+    one = torch.ones(1, 1, dtype=torch.int32)
+    try:
+        op(q, *caches[0], one, one, 0.125)
+    except RuntimeError:
+        return False
+    return True
 
 
 def argmax() -> None:
