@@ -116,6 +116,42 @@ def test_a_small_batch_cut_into_pieces_of_keys_matches_float64(dtype, d, group, 
     assert (got.double() - whole.double()).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("d,kvh,group,block_size", [(64, 3, 3, 16), (128, 2, 4, 32),
+                                                    (64, 1, 1, 16), (64, 2, 8, 16)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_prompt_rows_each_over_its_own_prefix_match_float64(d, kvh, group, block_size, packed,
+                                                            two_threads):
+    """A mixed step's rows: a decode row, a prompt's 23 rows from position 0, another's 40
+    after 37 cached tokens, a decode row. Rows of one prompt share a table and their lengths
+    are one apart (the tile path takes them 16 query rows at a time, each with its own end)."""
+    g = torch.Generator().manual_seed(5)
+    num_blocks = 40
+    k_cache = torch.randn(kvh, num_blocks, block_size, d, generator=g).bfloat16()
+    v_cache = torch.randn(kvh, num_blocks, block_size, d, generator=g).bfloat16()
+    width = -(-100 // block_size)
+    tables = torch.randperm(num_blocks, generator=g)[: 3 * width].to(torch.int32).view(3, width)
+    rows = [(tables[0], 50)] + [(tables[1], i + 1) for i in range(23)]
+    rows += [(tables[2], 37 + i + 1) for i in range(40)] + [(tables[0], 90)]
+    table = torch.stack([t for t, _ in rows])
+    lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    for t, longest in zip(tables, (90, 23, 77), strict=True):  # no slot past them is read
+        for cache in (k_cache, v_cache):
+            blocks = cache[:, t.long()]  # a copy: filled, then put back
+            blocks.view(kvh, -1, d)[:, longest:] = float("nan")
+            cache[:, t.long()] = blocks
+    assert k_cache.isnan().any() and v_cache.isnan().any()
+    q = (torch.randn(len(rows), kvh * group, d, generator=g) * 2).bfloat16()
+    caches = pack_caches(k_cache, v_cache) if packed else (k_cache, v_cache)
+    got = kernel()(q, *caches, table, lens, 0.125)
+    assert not got.isnan().any()
+    want = reference(q, k_cache.nan_to_num(), v_cache.nan_to_num(), table, lens, 0.125)
+    assert (got.double() - want).abs().max().item() < 2e-2
+    # the same rows one at a time (a step of one row: a row alone, no run)
+    for i in (0, 1, 5, 23, 24, 63, 64):
+        alone = kernel()(q[i: i + 1], *caches, table[i: i + 1], lens[i: i + 1], 0.125)
+        assert (alone.double() - want[i]).abs().max().item() < 2e-2
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_slots_past_a_context_are_never_read(packed):
     """NaN in every slot past each request's length (a block's unwritten tail, which may

@@ -152,6 +152,7 @@ struct Unit {
   int32_t s, h, k0, k1;
   int32_t part;  // first scratch row of the pair's pieces; -1: one piece, written directly
   int32_t pieces;
+  int32_t rows;  // rows s .. s + rows - 1 at once (a run of prompt rows): body writes them
 };
 
 template <int G, int D>
@@ -165,9 +166,10 @@ struct Partial {  // one piece's running softmax per query head; acc in the kern
 // partial (a single piece's own, or the merge of its pieces).
 struct NoScope {};  // what a thread sets up before its units and undoes after: nothing
 
+// `runs` (optional, see row_runs): rows that one unit takes together, where no pair is cut.
 template <int G, int D, typename Scope = NoScope, typename Body, typename Finish>
 void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
-               const Finish& finish) {
+               const Finish& finish, const int32_t* runs = nullptr) {
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
   const int64_t pairs = S * KVH;
   int64_t piece = std::numeric_limits<int32_t>::max();
@@ -179,21 +181,28 @@ void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
   }
   std::vector<Unit> units;
   units.reserve(pairs);
-  int32_t rows = 0;
+  int32_t parts = 0;  // scratch rows for the pieces
+  if (piece != std::numeric_limits<int32_t>::max()) runs = nullptr;
   for (int64_t s = 0; s < S; ++s)
     for (int64_t h = 0; h < KVH; ++h) {
+      if (runs != nullptr && runs[s] != 1) {
+        if (runs[s] > 1)  // the run's keys: up to its last row's length
+          units.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), 0,
+                           lens[s + runs[s] - 1], -1, 1, runs[s]});
+        continue;
+      }
       const int32_t len = lens[s];
       const int32_t n = static_cast<int32_t>((len + piece - 1) / piece);
       for (int32_t i = 0; i < n; ++i)
         units.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h),
                          static_cast<int32_t>(i * piece),
                          static_cast<int32_t>(std::min<int64_t>(len, (i + 1) * piece)),
-                         n > 1 ? rows : -1, n});
-      if (n > 1) rows += n;
+                         n > 1 ? parts : -1, n, 1});
+      if (n > 1) parts += n;
     }
   std::stable_sort(units.begin(), units.end(),
                    [](const Unit& a, const Unit& b) { return a.k1 - a.k0 > b.k1 - b.k0; });
-  std::vector<Partial<G, D>> scratch(rows);
+  std::vector<Partial<G, D>> scratch(parts);
   std::unique_ptr<std::atomic<int32_t>[]> left(new std::atomic<int32_t>[pairs]);
   for (const Unit& u : units) left[u.s * KVH + u.h].store(u.pieces, std::memory_order_relaxed);
   std::atomic<int64_t> next{0};
@@ -205,7 +214,7 @@ void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
       if (u.part < 0) {
         Partial<G, D> p;
         body(u, p);
-        finish(u.s, u.h, p);
+        if (u.rows == 1) finish(u.s, u.h, p);
         continue;
       }
       body(u, scratch[u.part + u.k0 / piece]);
@@ -491,33 +500,64 @@ struct alignas(64) TileConfig {  // the tile unit's palette 1: 8 tiles, rows x c
   uint8_t rows[16] = {};
 };
 
-// The tiles of decode_amx, configured once per thread for its units (G rows of queries):
-//   0, 7  C: the scores of 16 keys, then 16 dims of p·v   G x 16 float32
-//   1     A: p of 16 keys, bfloat16                       G x 16
+// The tiles of decode_amx, configured per thread for M query rows (a unit's rows times its
+// query heads: G for a decode row, up to 16 for a run of prompt rows):
+//   0, 7  C: the scores of 16 keys, then 16 dims of p·v   M x 16 float32
+//   1     A: p of 16 keys, bfloat16                       M x 16
 //   2, 3  B: 16 keys (8 pairs) of V for 16 dims            8 x 16 pairs
-//   4, 5  A: q, 32 dims each                              G x 32
+//   4, 5  A: q, 32 dims each                              M x 32
 //   6     B: 32 dims (16 pairs) of K for 16 keys           16 x 16 pairs
-template <int G>
-struct AmxScope {
-  AmxScope() {
-    TileConfig c;
-    const auto set = [&](int t, int rows, int bytes) {
-      c.rows[t] = static_cast<uint8_t>(rows), c.colsb[t] = static_cast<uint16_t>(bytes);
-    };
-    set(0, G, 64), set(7, G, 64), set(1, G, 32), set(2, 8, 64), set(3, 8, 64);
-    set(4, G, 64), set(5, G, 64), set(6, 16, 64);
-    asm volatile("" ::: "memory");
-    _tile_loadconfig(&c);
+thread_local int tile_rows = 0;  // M of this thread's tile configuration; 0: none
+
+inline void configure_tiles(int M) {
+  if (tile_rows == M) return;
+  TileConfig c;
+  const auto set = [&](int t, int rows, int bytes) {
+    c.rows[t] = static_cast<uint8_t>(rows), c.colsb[t] = static_cast<uint16_t>(bytes);
+  };
+  set(0, M, 64), set(7, M, 64), set(1, M, 32), set(2, 8, 64), set(3, 8, 64);
+  set(4, M, 64), set(5, M, 64), set(6, 16, 64);
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&c);
+  tile_rows = M;
+}
+
+struct AmxScope {  // a thread's tiles are configured at its first unit, released after its last
+  ~AmxScope() {
+    if (tile_rows != 0) _tile_release();
+    tile_rows = 0;
   }
-  ~AmxScope() { _tile_release(); }
 };
 
-// bfloat16 over packed caches on the tile unit, 16 keys at a time: q·k is G x 16 scores from
-// D/32 tile products (q as A tiles, K's pair rows as B tiles, read in place), the online
-// softmax runs on those rows in AVX-512 registers as in decode_bf16_dp, and p·v is D/16 tile
-// products of p (rounded to bfloat16) against V's pair rows, each added into the float32
-// accumulators. GCC's tile intrinsics do not tell it they touch memory: the barriers keep
-// the stores of p and the reads of the stored C tiles where they are.
+// Runs of prompt rows: rows s .. s + n - 1 of one request (the same table, lengths one apart)
+// whose queries fill one A tile together (n G <= 16). runs[s] = n at a run's first row, 0 at
+// its others, 1 for a row alone.
+std::vector<int32_t> row_runs(const int32_t* tables, const int32_t* lens, int64_t S, int64_t BS,
+                              int64_t max_blocks, int G) {
+  std::vector<int32_t> runs(S, 1);
+  const int64_t most = 16 / G;
+  for (int64_t s = 0; s < S;) {
+    int64_t n = 1;
+    while (n < most && s + n < S && lens[s + n] == lens[s] + n &&
+           std::equal(tables + s * max_blocks,
+                      tables + s * max_blocks + (lens[s + n] + BS - 1) / BS,
+                      tables + (s + n) * max_blocks))
+      ++n;
+    for (int64_t i = 1; i < n; ++i) runs[s + i] = 0;
+    runs[s] = static_cast<int32_t>(n);
+    s += n;
+  }
+  return runs;
+}
+
+// bfloat16 over packed caches on the tile unit, 16 keys at a time, for a unit's M = rows x G
+// query rows at once: q·k is M x 16 scores from D/32 tile products (q as A tiles, K's pair
+// rows as B tiles, read in place), the online softmax runs on each row in AVX-512 registers
+// as in decode_bf16_dp (a row's keys end at its own length: a prompt row sees its prefix),
+// and p·v is D/16 tile products of p (rounded to bfloat16) against V's pair rows, added into
+// float32 accumulators. A run of prompt rows reads its K and V once for all of its rows.
+// GCC's tile intrinsics do not tell it they touch memory: the barriers keep the stores of p
+// and the reads of the stored C tiles where they are.
 template <int G, int D>
 void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
                 const at::BFloat16* vc, const int32_t* tables, const int32_t* lens,
@@ -528,24 +568,28 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
   const int64_t k_row = BS * 4, v_row = D * 4;  // bytes between pair rows
   const auto body = [&](const Unit& u, Partial<G, D>& part) {
     const int64_t s = u.s, h = u.h;
-    alignas(64) at::BFloat16 qa[G][D];
-    alignas(64) float scores[G][16], pv[VS][G][16];
-    alignas(64) at::BFloat16 p16[G][16];
+    const int M = u.rows * G;
+    configure_tiles(M);
+    alignas(64) at::BFloat16 qa[16][D];
+    alignas(64) float scores[16][16], pv[VS][16][16], acc[16][D];
+    alignas(64) at::BFloat16 p16[16][16];
     alignas(64) at::BFloat16 vlast[8][D][2];  // a last tile's V, its missing keys zeroed
-    for (int g = 0; g < G; ++g)
-      std::memcpy(qa[g], q + s * q_stride + (h * G + g) * D, sizeof qa[g]);
+    __m512 l[16];
+    float m[16];
+    int64_t end[16];  // where each query row's keys end
+    for (int r = 0; r < M; ++r) {
+      const int64_t row = s + r / G;
+      std::memcpy(qa[r], q + row * q_stride + (h * G + r % G) * D, sizeof qa[r]);
+      end[r] = std::min<int64_t>(lens[row], u.k1);
+      for (int c = 0; c < VS; ++c) _mm512_store_ps(acc[r] + 16 * c, _mm512_setzero_ps());
+      m[r] = -std::numeric_limits<float>::max();  // finite: no inf - inf
+      l[r] = _mm512_setzero_ps();
+    }
     const auto load_q = [&](int half) {  // q's dims [64 half, 64 half + 64) into tiles 4, 5
       _tile_loadd(4, reinterpret_cast<const char*>(qa) + 128 * half, D * 2);
       _tile_loadd(5, reinterpret_cast<const char*>(qa) + 128 * half + 64, D * 2);
     };
     if (QT == 2) load_q(0);
-    __m512 l[G];
-    float m[G];
-    for (int g = 0; g < G; ++g) {
-      for (int c = 0; c < VS; ++c) _mm512_store_ps(part.acc[g] + 16 * c, _mm512_setzero_ps());
-      m[g] = -std::numeric_limits<float>::max();  // finite: no inf - inf
-      l[g] = _mm512_setzero_ps();
-    }
     const int32_t* table = tables + s * max_blocks;
     const char* kbase = reinterpret_cast<const char*>(kc) + h * NB * BS * D * 2;
     const char* vbase = reinterpret_cast<const char*>(vc) + h * NB * BS * D * 2;
@@ -563,7 +607,6 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
         for (int r = 0; r < D / 2; ++r) _mm_prefetch(kn + r * k_row, _MM_HINT_T0);
         for (int c = 0; c < 8 * D * 4; c += 64) _mm_prefetch(vn + c, _MM_HINT_T0);
       }
-      const int64_t n = std::min<int64_t>(16, u.k1 - key);
       const char* kt = k_at(key);
       const char* vt = v_at(key);
       _tile_zero(0);
@@ -577,18 +620,19 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
       }
       _tile_stored(0, scores, 64);
       asm volatile("" ::: "memory");
-      const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
-      float corr[G];
-      bool grew[G];
-      for (int g = 0; g < G; ++g) {
+      float corr[16];
+      bool grew[16];
+      for (int r = 0; r < M; ++r) {
+        const int64_t n = std::clamp<int64_t>(end[r] - key, 0, 16);
+        const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
         __m512 p;
-        grew[g] = softmax_tile(_mm512_mul_ps(_mm512_load_ps(scores[g]), _mm512_set1_ps(scale)),
-                               valid, m[g], l[g], p, corr[g]);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(p16[g]), (__m256i)_mm512_cvtneps_pbh(p));
+        grew[r] = softmax_tile(_mm512_mul_ps(_mm512_load_ps(scores[r]), _mm512_set1_ps(scale)),
+                               valid, m[r], l[r], p, corr[r]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p16[r]), (__m256i)_mm512_cvtneps_pbh(p));
       }
-      if (n < 16) {  // p is 0 past n, but V there may hold anything (NaN * 0 is NaN)
-        std::memcpy(vlast, vt, sizeof vlast);
-        for (int64_t t = n; t < 16; ++t)
+      if (u.k1 - key < 16) {  // p is 0 past each row's end, but V there may hold anything
+        std::memcpy(vlast, vt, sizeof vlast);  // (NaN * 0 is NaN)
+        for (int64_t t = u.k1 - key; t < 16; ++t)
           for (int d = 0; d < D; ++d) vlast[t / 2][d][t % 2] = at::BFloat16(0.f);
         vt = reinterpret_cast<const char*>(vlast);
       }
@@ -605,20 +649,35 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
         _tile_stored(0, pv[c + 1], 64);
       }
       asm volatile("" ::: "memory");
-      for (int g = 0; g < G; ++g) {
-        float* acc = part.acc[g];
-        const __m512 k = _mm512_set1_ps(grew[g] ? corr[g] : 1.f);
+      for (int r = 0; r < M; ++r) {
+        const __m512 k = _mm512_set1_ps(grew[r] ? corr[r] : 1.f);
         for (int c = 0; c < VS; ++c)
-          _mm512_store_ps(acc + 16 * c, _mm512_fmadd_ps(_mm512_load_ps(acc + 16 * c), k,
-                                                        _mm512_load_ps(pv[c][g])));
+          _mm512_store_ps(acc[r] + 16 * c, _mm512_fmadd_ps(_mm512_load_ps(acc[r] + 16 * c), k,
+                                                           _mm512_load_ps(pv[c][r])));
       }
     }
-    for (int g = 0; g < G; ++g) part.m[g] = m[g], part.l[g] = _mm512_reduce_add_ps(l[g]);
+    if (u.rows == 1) {  // the unit's partial, for run_units to write or merge
+      for (int g = 0; g < G; ++g) {
+        part.m[g] = m[g], part.l[g] = _mm512_reduce_add_ps(l[g]);
+        std::memcpy(part.acc[g], acc[g], sizeof part.acc[g]);
+      }
+      return;
+    }
+    for (int r = 0; r < M; ++r) {  // a run is never cut into pieces: its rows are done
+      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[r]));
+      at::BFloat16* o = out + ((s + r / G) * H + h * G + r % G) * D;
+      for (int c = 0; c < VS; ++c)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * c),
+                            (__m256i)_mm512_cvtneps_pbh(
+                                _mm512_mul_ps(_mm512_load_ps(acc[r] + 16 * c), inv)));
+    }
   };
-  run_units<G, D, AmxScope<G>>(lens, S, KVH, body,
-                               [&](int64_t s, int64_t h, const Partial<G, D>& p) {
-                                 write_out<at::BFloat16, G, D>(out, H, s, h, p, nullptr);
-                               });
+  const std::vector<int32_t> runs = row_runs(tables, lens, S, BS, max_blocks, G);
+  run_units<G, D, AmxScope>(lens, S, KVH, body,
+                            [&](int64_t s, int64_t h, const Partial<G, D>& p) {
+                              write_out<at::BFloat16, G, D>(out, H, s, h, p, nullptr);
+                            },
+                            runs.data());
 }
 #else
 constexpr bool kHasAmx = false;
