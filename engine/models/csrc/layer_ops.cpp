@@ -148,6 +148,40 @@ inline void rope_head(T* x, const T* c, const T* s, int64_t half) {
   }
 }
 
+// One key's K and V into a packed block (kb, vb): K's pairs of dims go one per pair row (a
+// stride of BS pairs), V's dims into the half `off % 2` of pair row off / 2.
+template <typename T>
+inline void write_packed(T* kb, T* vb, const T* k, const T* v, int64_t off, int64_t BS,
+                         int64_t D) {
+#if defined(__AVX512BW__)
+  if constexpr (sizeof(T) == 2) {
+    if (D % 32 == 0) {
+      const __m512i stride = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+          _mm512_set1_epi32(static_cast<int>(BS)));
+      const __mmask32 half = off % 2 ? 0xAAAAAAAAu : 0x55555555u;
+      int32_t* kp = reinterpret_cast<int32_t*>(kb) + off;
+      T* vp = vb + off / 2 * D * 2;
+      for (int64_t d = 0; d < D; d += 32) {  // 16 pairs of K, 32 dims of V
+        const __m512i pairs = _mm512_loadu_si512(k + d);
+        _mm512_i32scatter_epi32(kp + d / 2 * BS, stride, pairs, 4);
+        for (int64_t j = 0; j < 32; j += 16) {  // 16 dims -> the low or high halves of 16 pairs
+          __m512i x = _mm512_cvtepu16_epi32(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + d + j)));
+          if (off % 2) x = _mm512_slli_epi32(x, 16);
+          _mm512_mask_storeu_epi16(vp + (d + j) * 2, half, x);
+        }
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t d = 0; d < D; ++d) {
+    kb[(d / 2 * BS + off) * 2 + d % 2] = k[d];
+    vb[(off / 2 * D + d) * 2 + off % 2] = v[d];
+  }
+}
+
 template <typename T>
 void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
                         const int64_t* pos, T* kc, T* vc, const int64_t* slots, int64_t rows,
@@ -174,10 +208,7 @@ void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
         const int64_t off = slot % BS;
         T* kb = kc + (h * num_slots + slot - off) * D;
         T* vb = vc + (h * num_slots + slot - off) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          kb[(d / 2 * BS + off) * 2 + d % 2] = k[d];
-          vb[(off / 2 * D + d) * 2 + off % 2] = v[d];
-        }
+        write_packed(kb, vb, k, v, off, BS, D);
       }
     }
   });
