@@ -45,14 +45,10 @@ inline void row_to_f(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_f(src[i]);
 }
 
-// Where element (key t, dim d) of a block sits in it: rows of keys, or packed (K in pairs of
-// dims, V in pairs of keys)
-inline int64_t at_k(bool packed, int64_t t, int64_t d, int64_t BS, int64_t D) {
-  return packed ? (d / 2 * BS + t) * 2 + d % 2 : t * D + d;
-}
-inline int64_t at_v(bool packed, int64_t t, int64_t d, int64_t D) {
-  return packed ? (t / 2 * D + d) * 2 + t % 2 : t * D + d;
-}
+// Where element (key t, dim d) of a packed block sits in it: K in pairs of dims, V in pairs
+// of keys
+inline int64_t packed_k(int64_t t, int64_t d, int64_t BS) { return (d / 2 * BS + t) * 2 + d % 2; }
+inline int64_t packed_v(int64_t t, int64_t d, int64_t D) { return (t / 2 * D + d) * 2 + t % 2; }
 
 template <typename scalar_t>
 void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scalar_t* vc,
@@ -83,7 +79,13 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
           float* sc = score.data();
           for (int64_t t = 0; t < n; ++t) {
             float dot = 0.f;
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f(kb[at_k(packed, t, d, BS, D)]);
+            if (packed) {
+              for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f(kb[packed_k(t, d, BS)]);
+            } else {
+              const scalar_t* kt = kb + t * D;
+#pragma omp simd reduction(+ : dot)
+              for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f(kt[d]);
+            }
             sc[t] = dot;
           }
           float bmax = m[g];
@@ -103,7 +105,13 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
           for (int64_t d = 0; d < D; ++d) ag[d] *= corr;
           for (int64_t t = 0; t < n; ++t) {
             const float p = sc[t];
-            for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vb[at_v(packed, t, d, D)]);
+            if (packed) {
+              for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vb[packed_v(t, d, D)]);
+            } else {
+              const scalar_t* vt = vb + t * D;
+#pragma omp simd
+              for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vt[d]);
+            }
           }
         }
       }
@@ -161,12 +169,12 @@ struct Partial {  // one piece's running softmax per query head; acc in the kern
   alignas(64) float acc[G][D];
 };
 
-// Cuts the pairs into units and runs `body(unit, partial)` on every unit, longest first,
-// over the threads; then `finish(s, h, partial)` once per pair with the whole pair's
-// partial (a single piece's own, or the merge of its pieces).
 struct NoScope {};  // what a thread sets up before its units and undoes after: nothing
 
-// `runs` (optional, see row_runs): rows that one unit takes together, where no pair is cut.
+// Cuts the pairs into units and runs `body(unit, partial)` on every unit, longest first,
+// over the threads; then `finish(s, h, partial)` once per pair with the whole pair's
+// partial (a single piece's own, or the merge of its pieces). `runs` (optional, see
+// row_runs): rows one unit takes together, where no pair is cut into pieces.
 template <int G, int D, typename Scope = NoScope, typename Body, typename Finish>
 void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
                const Finish& finish, const int32_t* runs = nullptr) {
