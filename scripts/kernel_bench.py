@@ -8,9 +8,9 @@ in order, and all requests reading the same few blocks (K/V in cache: the kernel
 alone); one request alone (batch 1, its keys cut over the threads); and the rows of four
 prompts of 128 tokens after 64 cached ones (a mixed step's prompt rows, each over its own
 prefix; their GB/s counts every row's keys, so a kernel that reads a key once for several
-rows, or from cache, passes 100%). Each figure is the
-median of `--rounds` passes over all layers after a warm-up, in GB/s of K/V read and as a
-share of `measure.calibrate`'s bandwidth, measured in the same run.
+rows, or from cache, passes 100%). Each figure is the median of `--rounds` passes over all
+layers after a warm-up, in GB/s of K/V read and as a share of `measure.calibrate`'s
+bandwidth, measured in the same run.
 
 The current kernel reads the caches as the engine lays them out here: packed where its AMX
 path serves (`native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps rows), else in rows.
