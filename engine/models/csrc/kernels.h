@@ -1,10 +1,17 @@
 // The kernels' entry points, callable from C++ as well as registered as torch ops: the
-// decoder stack (decoder.cpp) runs them back to back without a trip through Python.
+// decoder stack (decoder.cpp) runs them back to back without a trip through Python. Also
+// the packed KV block's addressing, which the cache writer and the attention share.
 #pragma once
 
 #include <ATen/ATen.h>
 
 namespace batchlens {
+
+// Where element (key t, dim d) of a packed K or V block sits in it (the layout of
+// attention.py): K in pairs of dims, each pair row the block's BS keys; V in pairs of keys,
+// each pair row the D dims
+inline int64_t packed_k(int64_t t, int64_t d, int64_t BS) { return (d / 2 * BS + t) * 2 + d % 2; }
+inline int64_t packed_v(int64_t t, int64_t d, int64_t D) { return (t / 2 * D + d) * 2 + t % 2; }
 
 // bf16_gemm.cpp
 bool bf16_linear_supported();

@@ -177,8 +177,8 @@ inline void write_packed(T* kb, T* vb, const T* k, const T* v, int64_t off, int6
   }
 #endif
   for (int64_t d = 0; d < D; ++d) {
-    kb[(d / 2 * BS + off) * 2 + d % 2] = k[d];
-    vb[(off / 2 * D + d) * 2 + off % 2] = v[d];
+    kb[batchlens::packed_k(off, d, BS)] = k[d];
+    vb[batchlens::packed_v(off, d, D)] = v[d];
   }
 }
 

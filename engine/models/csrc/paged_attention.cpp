@@ -45,11 +45,6 @@ inline void row_to_f(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_f(src[i]);
 }
 
-// Where element (key t, dim d) of a packed block sits in it: K in pairs of dims, V in pairs
-// of keys
-inline int64_t packed_k(int64_t t, int64_t d, int64_t BS) { return (d / 2 * BS + t) * 2 + d % 2; }
-inline int64_t packed_v(int64_t t, int64_t d, int64_t D) { return (t / 2 * D + d) * 2 + t % 2; }
-
 template <typename scalar_t>
 void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scalar_t* vc,
             const int32_t* tables,
@@ -80,7 +75,8 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
           for (int64_t t = 0; t < n; ++t) {
             float dot = 0.f;
             if (packed) {
-              for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f(kb[packed_k(t, d, BS)]);
+              for (int64_t d = 0; d < D; ++d)
+                dot += qg[d] * to_f(kb[batchlens::packed_k(t, d, BS)]);
             } else {
               const scalar_t* kt = kb + t * D;
 #pragma omp simd reduction(+ : dot)
@@ -106,7 +102,7 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
           for (int64_t t = 0; t < n; ++t) {
             const float p = sc[t];
             if (packed) {
-              for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vb[packed_v(t, d, D)]);
+              for (int64_t d = 0; d < D; ++d) ag[d] += p * to_f(vb[batchlens::packed_v(t, d, D)]);
             } else {
               const scalar_t* vt = vb + t * D;
 #pragma omp simd
