@@ -3,14 +3,14 @@ machine's calibrated bandwidth, and the greedy argmax of a step's logits.
 
 Decode attention: 64 requests with contexts of 20-420 tokens (seeded, about the bench mix's
 contexts halfway through its outputs), 30 layers, bfloat16 (or float32), K/V blocks of 16
-tokens placed three ways: shuffled over the pool (as a long-running engine hands them out),
-in order, and all requests reading the same few blocks (K/V in cache: the kernel's compute
-alone); one request alone (batch 1, its keys cut over the threads); and the rows of four
-prompts of 128 tokens after 64 cached ones (a mixed step's prompt rows, each over its own
-prefix; their GB/s counts every row's keys, so a kernel that reads a key once for several
-rows, or from cache, passes 100%). Each figure is the median of `--rounds` passes over all
-layers after a warm-up, in GB/s of K/V read and as a share of `measure.calibrate`'s
-bandwidth, measured in the same run.
+tokens (the engine's default; `--block-size`) placed three ways: shuffled over the pool (as
+a long-running engine hands them out), in order, and all requests reading the same few
+blocks (K/V in cache: the kernel's compute alone); one request alone (batch 1, its keys cut
+over the threads); and the rows of four prompts of 128 tokens after 64 cached ones (a mixed
+step's prompt rows, each over its own prefix; their GB/s counts every row's keys, so a
+kernel that reads a key once for several rows, or from cache, passes 100%). Each figure is
+the median of `--rounds` passes over all layers after a warm-up, in GB/s of K/V read and as
+a share of `measure.calibrate`'s bandwidth, measured in the same run.
 
 The current kernel reads the caches as the engine lays them out here: packed where its AMX
 path serves (`native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps rows), else in rows.
@@ -20,7 +20,7 @@ times the two in alternation, pass by pass, so both see the same load on a share
 their medians is the figure to trust there.
 
     PYTHONPATH=. python scripts/kernel_bench.py [--dtype bfloat16|float32] [--against REV]
-                                                [--rounds N] [--threads N]
+                                                [--rounds N] [--threads N] [--block-size N]
 """
 
 from __future__ import annotations
@@ -38,15 +38,16 @@ from engine.models import native
 from engine.models.attention import pack_caches
 from measure.calibrate import calibrate
 
-REQUESTS, HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 9, 3, 64, 16, 30
+REQUESTS, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 64, 9, 3, 64, 30
+BLOCK = 16  # tokens per K/V block: the engine's default
 Op = Callable[..., torch.Tensor]
 Caches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def layout(lens: list[int], order: str, rng: random.Random) -> torch.Tensor:
-    """Block tables for requests of `lens` keys: blocks "shuffled" over the pool, "in
-    order", or the "same" first blocks for every request."""
-    blocks = [-(-n // BLOCK) for n in lens]
+def layout(lens: list[int], order: str, rng: random.Random, block: int) -> torch.Tensor:
+    """Block tables for requests of `lens` keys in blocks of `block` tokens: "shuffled"
+    over the pool, "in order", or the "same" first blocks for every request."""
+    blocks = [-(-n // block) for n in lens]
     ids = list(range(1, sum(blocks) + 1))
     if order == "shuffled":
         rng.shuffle(ids)
@@ -77,25 +78,26 @@ def passes(ops: dict[str, tuple[Op, Caches]], args: tuple, rounds: int) -> dict[
     return times
 
 
-def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: float) -> None:
+def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: float,
+              block: int = BLOCK) -> None:
     rng = random.Random(0)
     lens = sorted(rng.randint(20, 420) for _ in range(REQUESTS))
-    pool = sum(-(-n // BLOCK) for n in lens) + 1
-    caches = [(torch.randn(KV_HEADS, pool, BLOCK, HEAD_DIM).to(dtype),
-               torch.randn(KV_HEADS, pool, BLOCK, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
+    pool = sum(-(-n // block) for n in lens) + 1
+    caches = [(torch.randn(KV_HEADS, pool, block, HEAD_DIM).to(dtype),
+               torch.randn(KV_HEADS, pool, block, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
     per_key = LAYERS * 2 * KV_HEADS * HEAD_DIM * caches[0][0].element_size()
-    packed = native.packed_kv(torch.device("cpu"), dtype, BLOCK, HEAD_DIM, HEADS // KV_HEADS)
+    packed = native.packed_kv(torch.device("cpu"), dtype, block, HEAD_DIM, HEADS // KV_HEADS)
     packs = [pack_caches(k, v) for k, v in caches] if packed else caches
     layouts = {name: packs if _reads(op, packs) else caches for name, op in ops.items()}
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
-          f"{sum(lens) * per_key / 1e6:.0f} MB of K/V (this kernel's "
+          f"{sum(lens) * per_key / 1e6:.0f} MB of K/V in blocks of {block} tokens (this kernel's "
           f"{'packed' if packed else 'in rows'}); medians of {rounds} passes; "
           f"calibrated bandwidth {bandwidth:.1f} GB/s")
     cases = [("shuffled blocks", lens, "shuffled"), ("blocks in order", lens, "in order"),
              ("same blocks (in cache)", lens, "same"), ("batch 1, 400 keys", [400], "shuffled"),
              ("4 prompts x 128 rows", [192] * 4, "prompt")]
     for name, case_lens, order in cases:
-        tables = layout(case_lens, "shuffled" if order == "prompt" else order, rng)
+        tables = layout(case_lens, "shuffled" if order == "prompt" else order, rng, block)
         if order == "prompt":  # each prompt's rows: its table, each row over its prefix
             tables = tables.repeat_interleave(128, dim=0)
             case_lens = [n - 128 + i + 1 for n in case_lens for i in range(128)]
@@ -152,7 +154,11 @@ def main() -> None:
     ap.add_argument("--against", metavar="REV", help="also time the kernel of git revision REV")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, help="torch.set_num_threads")
+    ap.add_argument("--block-size", type=int, default=BLOCK,
+                    help=f"tokens per K/V block (default {BLOCK}, the engine's)")
     a = ap.parse_args()
+    if a.block_size < 1:
+        raise SystemExit(f"--block-size must be >= 1, got {a.block_size}")
     if a.threads:
         torch.set_num_threads(a.threads)
     built, reason = native._build()
@@ -164,7 +170,7 @@ def main() -> None:
         build_at(a.against, "paged_attention.cpp")
         ops = {a.against: torch.ops.batchlens_ab.paged_decode_attention, **ops}
     cal = calibrate()
-    attention(getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs)
+    attention(getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs, a.block_size)
     argmax()
 
 
