@@ -611,6 +611,18 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
         for (int r = 0; r < D / 2; ++r) _mm_prefetch(kn + r * k_row, _MM_HINT_T0);
         for (int c = 0; c < 8 * D * 4; c += 64) _mm_prefetch(vn + c, _MM_HINT_T0);
       }
+      // and the first two lines of K and V two tiles ahead into L2: with blocks shuffled over
+      // the pool every tile starts on lines nothing has asked for, and the next tile's own
+      // prefetches wait on the core's few L1 misses in flight; from two lines in a row the
+      // L2 prefetcher can bring in the rest of the block by itself
+      if (key + 32 < u.k1) {
+        const char* kf = k_at(key + 32);
+        const char* vf = v_at(key + 32);
+        for (int c = 0; c < 128; c += 64) {
+          _mm_prefetch(kf + c, _MM_HINT_T1);
+          _mm_prefetch(vf + c, _MM_HINT_T1);
+        }
+      }
       const char* kt = k_at(key);
       const char* vt = v_at(key);
       _tile_zero(0);
