@@ -119,6 +119,24 @@ def click_stop(page, name: str = "Stop", tries: int = 4) -> None:
                              f"{race_state(page)}")
 
 
+def press_until(page, key: str, done, tries: int = 3, wait_s: float = 20) -> bool:
+    """Press `key` until `done()` holds, waiting `wait_s` after each press: a press made
+    before the clicker's listener is mounted, or while a rerun mounts it again, is lost, so
+    it is made again, at most `tries` times, and only once the page is idle (a rerun under
+    way may be the last press taking effect). Returns whether `done()` held."""
+    for _ in range(tries):
+        if done():
+            return True
+        page.keyboard.press(key)
+        try:
+            wait_for(done, wait_s, interval=0.25)
+            return True
+        except AssertionError:
+            wait_for(lambda: done() or page.locator("[data-testid='stStatusWidget']").count() == 0,
+                     60, "the page stayed busy", interval=0.25)
+    return done()
+
+
 def screenshot(page, path) -> None:
     """The screen as the audience sees it: the pointer moved off the buttons first, so no
     tooltip covers the page."""
@@ -170,23 +188,23 @@ def race_state(page) -> str:
 def test_clicker_keys_start_the_next_and_the_previous_scenario(server, browser):  # noqa: F811
     page = presenter_page(browser, server, *SHOT_SIZE)
     assert page.get_by_text("Clicker: PageDown or →").count() == 1  # the hint is shown
-    page.keyboard.press("PageDown")  # nothing played yet: the first scenario
-    wait_for(lambda: played(page) == "one_user", 60, "PageDown did not start One user",
-             interval=0.25)
+    # nothing played yet: the first scenario
+    if not press_until(page, "PageDown", lambda: played(page) == "one_user"):
+        raise AssertionError(f"PageDown did not start One user: {race_state(page)}")
     page.locator(".st-key-summary").wait_for(timeout=RACE_TIMEOUT_MS)
     assert users_in_race(page) == "1/1"
     wait_for(lambda: enabled(page, "32 users"), 60, "the buttons stayed disabled",
              interval=0.25)
-    page.keyboard.press("ArrowRight")
-    wait_for(lambda: played(page) == "many_users" and users_in_race(page).endswith("/32"),
-             60, "ArrowRight did not start 32 users", interval=0.25)
+    if not press_until(page, "ArrowRight", lambda: played(page) == "many_users"
+                       and users_in_race(page).endswith("/32")):
+        raise AssertionError(f"ArrowRight did not start 32 users: {race_state(page)}")
     click_stop(page)
     try:
         wait_for(lambda: enabled(page, "One user"), 60, interval=0.25)
     except AssertionError:
         raise AssertionError(f"Stop did not end the race: {race_state(page)}") from None
-    page.keyboard.press("PageUp")
-    wait_for(lambda: played(page) == "one_user" and users_in_race(page).endswith("/1"), 60,
-             "PageUp did not start One user again", interval=0.25)
+    if not press_until(page, "PageUp", lambda: played(page) == "one_user"
+                       and users_in_race(page).endswith("/1")):
+        raise AssertionError(f"PageUp did not start One user again: {race_state(page)}")
     page.locator(".st-key-summary").wait_for(timeout=RACE_TIMEOUT_MS)
     page.context.close()
