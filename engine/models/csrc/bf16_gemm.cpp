@@ -118,7 +118,7 @@ inline BlockInit block_init(const at::BFloat16* b) {
 // K must be a multiple of 32.
 constexpr int64_t kAmxK = 32;     // K per tile step
 constexpr int64_t kAmxRows = 16;  // rows per A and C tile
-constexpr int64_t kLead = 4096;  // bytes of weights fetched ahead into L1, under 17 rows
+constexpr int64_t kLead = 4096;  // bytes of weights fetched ahead into L1, up to 16 rows
 
 // Linux hands out the tile state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM)
 bool amx_ready() {
@@ -149,7 +149,7 @@ inline void amx_configure(int rows) {
 
 // Weights fetched ahead while this block's products run: `lines` cache lines from `at` per
 // slice of 32 K (none where at is null), clipped at `end`. Past 16 rows, the next block into
-// L2; under, the weights kLead bytes ahead of the tile loads into L1.
+// L2; up to 16, the weights kLead bytes ahead of the tile loads into L1.
 struct Ahead {
   const char* at;
   const char* end;
@@ -242,9 +242,9 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
     // passes over the rows fetch the next block meanwhile, or each block would wait on
     // memory first and compute after. A block is k lines of 64 bytes; each pass over it
     // takes k / 32 slices, so each slice fetches 32 / passes lines of the next block.
-    // Under 17 rows the tiles wait on memory whatever they do, and their loads alone keep
+    // Up to 16 rows the tiles wait on memory whatever they do, and their loads alone keep
     // too few reads in flight: each slice fetches the 32 lines kLead bytes ahead into L1, a
-    // stream across the thread's blocks, which reads the weights about a twentieth faster.
+    // stream across the thread's blocks.
     const bool fetch_ahead = mp > kAmxRows;
     const int64_t passes = (mp + 2 * kAmxRows - 1) / (2 * kAmxRows);
     const int64_t lines_per_slice = (kAmxK + passes - 1) / passes;
