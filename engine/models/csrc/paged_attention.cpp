@@ -672,20 +672,16 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
                                                            _mm512_load_ps(pv[c][r])));
       }
     }
-    if (u.rows == 1) {  // the unit's partial, for run_units to write or merge
+    // each row's partial: a single row's goes to run_units to write or merge; a run is
+    // never cut into pieces, so its rows are written here
+    Partial<G, D> row;
+    for (int i = 0; i < u.rows; ++i) {
+      Partial<G, D>& p = u.rows == 1 ? part : row;
       for (int g = 0; g < G; ++g) {
-        part.m[g] = m[g], part.l[g] = _mm512_reduce_add_ps(l[g]);
-        std::memcpy(part.acc[g], acc[g], sizeof part.acc[g]);
+        p.m[g] = m[i * G + g], p.l[g] = _mm512_reduce_add_ps(l[i * G + g]);
+        std::memcpy(p.acc[g], acc[i * G + g], sizeof p.acc[g]);
       }
-      return;
-    }
-    for (int r = 0; r < M; ++r) {  // a run is never cut into pieces: its rows are done
-      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(l[r]));
-      at::BFloat16* o = out + ((s + r / G) * H + h * G + r % G) * D;
-      for (int c = 0; c < VS; ++c)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * c),
-                            (__m256i)_mm512_cvtneps_pbh(
-                                _mm512_mul_ps(_mm512_load_ps(acc[r] + 16 * c), inv)));
+      if (u.rows > 1) write_out<at::BFloat16, G, D>(out, H, s + i, h, p, nullptr);
     }
   };
   const std::vector<int32_t> runs = row_runs(tables, lens, S, BS, max_blocks, G);
