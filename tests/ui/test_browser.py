@@ -245,26 +245,33 @@ def screenshot(page, folder: Path, name: str) -> None:
     page.set_viewport_size({"width": 1600, "height": 1000})
 
 
-def click_until(button, done: Callable[[], bool], tries: int, wait_s: float) -> bool:
-    """Click `button` until `done()` holds, waiting `wait_s` after each click: a click that
-    lands while Streamlit re-renders the widget is lost, so it is made again, at most
-    `tries` times. A button that takes no click (disabled, gone) is asked `done()` again.
-    Returns whether `done()` held."""
+def act_until(act: Callable[[], object], done: Callable[[], bool], tries: int, wait_s: float,
+              settle: Callable[[], object] | None = None) -> bool:
+    """`act()` until `done()` holds, waiting `wait_s` after each: an act that lands while
+    Streamlit re-renders (a click, a key) is lost, so it is made again, at most `tries`
+    times, after `settle()` where given. An act the page does not take (a disabled or gone
+    button) is asked `done()` again. Returns whether `done()` held."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _ in range(tries):
-        if done():  # an earlier click took effect late, or there is nothing to do
+        if done():  # an earlier act took effect late, or there is nothing to do
             return True
         try:
-            button.click(timeout=15_000)
+            act()
         except PlaywrightTimeout:
             continue
         try:
             wait_for(done, wait_s, interval=0.25)
             return True
         except AssertionError:
-            pass
+            if settle is not None:
+                settle()
     return done()
+
+
+def click_until(button, done: Callable[[], bool], tries: int, wait_s: float) -> bool:
+    """Click `button` until `done()` holds (`act_until`)."""
+    return act_until(lambda: button.click(timeout=15_000), done, tries, wait_s)
 
 
 def remove_chip(page, name: str, tries: int = 6) -> None:

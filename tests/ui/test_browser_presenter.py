@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from page_geometry import PresenterView, misfits
 from polling import wait_for
-from test_browser import RACE_TIMEOUT_MS, click_until, shots  # noqa: F401 (a fixture)
+from test_browser import RACE_TIMEOUT_MS, act_until, click_until, shots  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
 
@@ -120,21 +120,14 @@ def click_stop(page, name: str = "Stop", tries: int = 4) -> None:
 
 
 def press_until(page, key: str, done, tries: int = 3, wait_s: float = 20) -> bool:
-    """Press `key` until `done()` holds, waiting `wait_s` after each press: a press made
-    before the clicker's listener is mounted, or while a rerun mounts it again, is lost, so
-    it is made again, at most `tries` times, and only once the page is idle (a rerun under
-    way may be the last press taking effect). Returns whether `done()` held."""
-    for _ in range(tries):
-        if done():
-            return True
-        page.keyboard.press(key)
-        try:
-            wait_for(done, wait_s, interval=0.25)
-            return True
-        except AssertionError:
-            wait_for(lambda: done() or page.locator("[data-testid='stStatusWidget']").count() == 0,
-                     60, "the page stayed busy", interval=0.25)
-    return done()
+    """Press `key` until `done()` holds (`act_until`): a press made before the clicker's
+    listener is mounted, or while a rerun mounts it again, is lost. It is made again only
+    once the page is idle: a rerun under way may be the last press taking effect."""
+    def idle() -> None:
+        wait_for(lambda: done() or page.locator("[data-testid='stStatusWidget']").count() == 0,
+                 60, "the page stayed busy", interval=0.25)
+
+    return act_until(lambda: page.keyboard.press(key), done, tries, wait_s, settle=idle)
 
 
 def screenshot(page, path) -> None:
