@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 from kernel_at import build_at  # scripts/, beside this file
 
+from engine import compute
 from engine.models import native
 from engine.models.attention import pack_caches
 from measure.calibrate import calibrate
@@ -170,8 +171,11 @@ def main() -> None:
         build_at(a.against, "paged_attention.cpp")
         ops = {a.against: torch.ops.batchlens_ab.paged_decode_attention, **ops}
     cal = calibrate()
-    attention(getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs, a.block_size)
-    argmax()
+    # on the compute thread, as the engine runs them and as `calibrate` measured: ops from a
+    # second thread would start a second OpenMP team, and the two slow each other down
+    compute.run(attention, getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs,
+                a.block_size)
+    compute.run(argmax)
 
 
 if __name__ == "__main__":
