@@ -180,8 +180,9 @@ void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
   if (nt > 1 && pairs < 4 * nt) {  // too few pairs: about 4 units per thread
     int64_t keys = 0;
     for (int64_t s = 0; s < S; ++s) keys += lens[s];
-    // at least 256 keys a piece: each unit starts on keys not yet prefetched
-    piece = std::max<int64_t>(256, (keys * KVH / (4 * nt) + 15) / 16 * 16);
+    // at least 256 keys a piece: each unit starts on keys not yet prefetched; a multiple
+    // of 32, the keys of one step of the AMX kernel
+    piece = std::max<int64_t>(256, (keys * KVH / (4 * nt) + 31) / 32 * 32);
   }
   std::vector<Unit> units;
   units.reserve(pairs);
@@ -342,6 +343,26 @@ inline bool softmax_tile(__m512 x, __mmask16 valid, float& m, __m512& l, __m512&
   }
   p = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(m))));
   l = _mm512_add_ps(l, p);
+  return grew;
+}
+
+// softmax_tile over two tiles of 16 keys at once (x1 the first): one test of the max, one
+// rescale, for 32 keys.
+inline bool softmax_tiles(__m512 x1, __mmask16 v1, __m512 x2, __mmask16 v2, float& m,
+                          __m512& l, __m512& p1, __m512& p2, float& corr) {
+  const __m512 mv = _mm512_set1_ps(m);
+  const bool grew = (_mm512_mask_cmp_ps_mask(v1, x1, mv, _CMP_GT_OQ) |
+                     _mm512_mask_cmp_ps_mask(v2, x2, mv, _CMP_GT_OQ)) != 0;
+  if (grew) {
+    const float bmax = std::max(v1 ? _mm512_mask_reduce_max_ps(v1, x1) : m,
+                                v2 ? _mm512_mask_reduce_max_ps(v2, x2) : m);
+    corr = std::exp(m - bmax);
+    l = _mm512_mul_ps(l, _mm512_set1_ps(corr));
+    m = bmax;
+  }
+  p1 = _mm512_maskz_mov_ps(v1, exp_ps(_mm512_sub_ps(x1, _mm512_set1_ps(m))));
+  p2 = _mm512_maskz_mov_ps(v2, exp_ps(_mm512_sub_ps(x2, _mm512_set1_ps(m))));
+  l = _mm512_add_ps(l, _mm512_add_ps(p1, p2));
   return grew;
 }
 
@@ -506,11 +527,11 @@ struct alignas(64) TileConfig {  // the tile unit's palette 1: 8 tiles, rows x c
 
 // The tiles of decode_amx, configured per thread for M query rows (a unit's rows times its
 // query heads: G for a decode row, up to 16 for a run of prompt rows):
-//   0, 7  C: the scores of 16 keys, then 16 dims of p·v   M x 16 float32
-//   1     A: p of 16 keys, bfloat16                       M x 16
-//   2, 3  B: 16 keys (8 pairs) of V for 16 dims            8 x 16 pairs
-//   4, 5  A: q, 32 dims each                              M x 32
-//   6     B: 32 dims (16 pairs) of K for 16 keys           16 x 16 pairs
+//   0, 7  C: the scores of 16 keys each, then 16 dims of p·v   M x 16 float32
+//   1, 5  A: p of 16 keys each, bfloat16                        M x 16
+//   2, 3  B: 16 keys (8 pairs) of V for 16 dims                 8 x 16 pairs
+//   4     A: q, 32 dims                                         M x 32
+//   6     B: 32 dims (16 pairs) of K for 16 keys                16 x 16 pairs
 thread_local int tile_rows = 0;  // M of this thread's tile configuration; 0: none
 
 inline void configure_tiles(int M) {
@@ -519,8 +540,8 @@ inline void configure_tiles(int M) {
   const auto set = [&](int t, int rows, int bytes) {
     c.rows[t] = static_cast<uint8_t>(rows), c.colsb[t] = static_cast<uint16_t>(bytes);
   };
-  set(0, M, 64), set(7, M, 64), set(1, M, 32), set(2, 8, 64), set(3, 8, 64);
-  set(4, M, 64), set(5, M, 64), set(6, 16, 64);
+  set(0, M, 64), set(7, M, 64), set(1, M, 32), set(5, M, 32), set(2, 8, 64), set(3, 8, 64);
+  set(4, M, 64), set(6, 16, 64);
   asm volatile("" ::: "memory");
   _tile_loadconfig(&c);
   tile_rows = M;
@@ -554,12 +575,14 @@ std::vector<int32_t> row_runs(const int32_t* tables, const int32_t* lens, int64_
   return runs;
 }
 
-// bfloat16 over packed caches on the tile unit, 16 keys at a time, for a unit's M = rows x G
-// query rows at once: q·k is M x 16 scores from D/32 tile products (q as A tiles, K's pair
-// rows as B tiles, read in place), the online softmax runs on each row in AVX-512 registers
-// as in decode_bf16_dp (a row's keys end at its own length: a prompt row sees its prefix),
-// and p·v is D/16 tile products of p (rounded to bfloat16) against V's pair rows, added into
-// float32 accumulators. A run of prompt rows reads its K and V once for all of its rows.
+// bfloat16 over packed caches on the tile unit, two tiles of 16 keys at a time, for a unit's
+// M = rows x G query rows at once: q·k is M x 16 scores a tile from D/32 tile products (q as
+// A tiles, K's pair rows as B tiles, read in place), the online softmax runs on each row in
+// AVX-512 registers as in decode_bf16_dp, one max for both tiles (a row's keys end at its
+// own length: a prompt row sees its prefix), and p·v is D/16 tile products a tile of p
+// (rounded to bfloat16) against V's pair rows, both tiles' summed in the tile unit and then
+// added into float32 accumulators. A run of prompt rows reads its K and V once for all of
+// its rows.
 // GCC's tile intrinsics do not tell it they touch memory: the barriers keep the stores of p
 // and the reads of the stored C tiles where they are.
 template <int G, int D>
@@ -575,8 +598,8 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
     const int M = u.rows * G;
     configure_tiles(M);
     alignas(64) at::BFloat16 qa[16][D];
-    alignas(64) float scores[16][16], pv[VS][16][16], acc[16][D];
-    alignas(64) at::BFloat16 p16[16][16];
+    alignas(64) float scores[2][16][16], pv[VS][16][16], acc[16][D];
+    alignas(64) at::BFloat16 p16[2][16][16];
     alignas(64) at::BFloat16 vlast[8][D][2];  // a last tile's V, its missing keys zeroed
     __m512 l[16];
     float m[16];
@@ -589,11 +612,6 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
       m[r] = -std::numeric_limits<float>::max();  // finite: no inf - inf
       l[r] = _mm512_setzero_ps();
     }
-    const auto load_q = [&](int half) {  // q's dims [64 half, 64 half + 64) into tiles 4, 5
-      _tile_loadd(4, reinterpret_cast<const char*>(qa) + 128 * half, D * 2);
-      _tile_loadd(5, reinterpret_cast<const char*>(qa) + 128 * half + 64, D * 2);
-    };
-    if (QT == 2) load_q(0);
     const int32_t* table = tables + s * max_blocks;
     const char* kbase = reinterpret_cast<const char*>(kc) + h * NB * BS * D * 2;
     const char* vbase = reinterpret_cast<const char*>(vc) + h * NB * BS * D * 2;
@@ -604,63 +622,93 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
     const auto v_at = [&](int64_t key) {
       return vbase + (table[key / BS] * BS * D + key % BS * D) * 2;
     };
-    for (int64_t key = u.k0; key < u.k1; key += 16) {
-      if (key + 16 < u.k1) {  // the next tile's K and V into L1 while this one runs
-        const char* kn = k_at(key + 16);
-        const char* vn = v_at(key + 16);
+    // V of the 16 keys from `key`, or of a last tile's keys with the rest zeroed: p is 0 past
+    // each row's end, but V there may hold anything (NaN * 0 is NaN)
+    const auto v_tile = [&](int64_t key) {
+      const char* vt = v_at(key);
+      if (u.k1 - key >= 16) return vt;
+      std::memcpy(vlast, vt, sizeof vlast);
+      for (int64_t t = u.k1 - key; t < 16; ++t)
+        for (int d = 0; d < D; ++d) vlast[t / 2][d][t % 2] = at::BFloat16(0.f);
+      return reinterpret_cast<const char*>(vlast);
+    };
+    // Two tiles of 16 keys a step: their q·k, softmax and p·v run side by side, two chains
+    // of tile products where one tile alone leaves the tile unit waiting on each product.
+    for (int64_t key = u.k0; key < u.k1; key += 32) {
+      const bool two = key + 16 < u.k1;
+      for (int64_t next = key + 32; next < std::min<int64_t>(key + 64, u.k1); next += 16) {
+        // the next step's K and V into L1 while this one runs
+        const char* kn = k_at(next);
+        const char* vn = v_at(next);
         for (int r = 0; r < D / 2; ++r) _mm_prefetch(kn + r * k_row, _MM_HINT_T0);
         for (int c = 0; c < 8 * D * 4; c += 64) _mm_prefetch(vn + c, _MM_HINT_T0);
       }
-      // and the first two lines of K and V two tiles ahead into L2: with blocks shuffled over
-      // the pool every tile starts on lines nothing has asked for, and the next tile's own
-      // prefetches wait on the core's few L1 misses in flight; from two lines in a row the
-      // L2 prefetcher can bring in the rest of the block by itself
-      if (key + 32 < u.k1) {
-        const char* kf = k_at(key + 32);
-        const char* vf = v_at(key + 32);
+      // and the first two lines of K and V of the step after into L2: with blocks shuffled
+      // over the pool every tile starts on lines nothing has asked for, and the next tiles'
+      // own prefetches wait on the core's few L1 misses in flight; from two lines in a row
+      // the L2 prefetcher can bring in the rest of the block by itself
+      for (int64_t far = key + 64; far < std::min<int64_t>(key + 96, u.k1); far += 16) {
+        const char* kf = k_at(far);
+        const char* vf = v_at(far);
         for (int c = 0; c < 128; c += 64) {
           _mm_prefetch(kf + c, _MM_HINT_T1);
           _mm_prefetch(vf + c, _MM_HINT_T1);
         }
       }
-      const char* kt = k_at(key);
-      const char* vt = v_at(key);
+      const char* kt[2] = {k_at(key), two ? k_at(key + 16) : nullptr};
       _tile_zero(0);
+      if (two) _tile_zero(7);
       for (int i = 0; i < QT; ++i) {
-        if (QT > 2 && i % 2 == 0) load_q(i / 2);
-        _tile_loadd(6, kt + 16 * i * k_row, k_row);
-        if (i % 2 == 0)
-          _tile_dpbf16ps(0, 4, 6);
-        else
-          _tile_dpbf16ps(0, 5, 6);
+        _tile_loadd(4, reinterpret_cast<const char*>(qa) + 64 * i, D * 2);
+        _tile_loadd(6, kt[0] + 16 * i * k_row, k_row);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two) {
+          _tile_loadd(6, kt[1] + 16 * i * k_row, k_row);
+          _tile_dpbf16ps(7, 4, 6);
+        }
       }
-      _tile_stored(0, scores, 64);
+      _tile_stored(0, scores[0], 64);
+      if (two) _tile_stored(7, scores[1], 64);
       asm volatile("" ::: "memory");
       float corr[16];
       bool grew[16];
+      const __m512 sc = _mm512_set1_ps(scale);
       for (int r = 0; r < M; ++r) {
-        const int64_t n = std::clamp<int64_t>(end[r] - key, 0, 16);
-        const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
-        __m512 p;
-        grew[r] = softmax_tile(_mm512_mul_ps(_mm512_load_ps(scores[r]), _mm512_set1_ps(scale)),
-                               valid, m[r], l[r], p, corr[r]);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(p16[r]), (__m256i)_mm512_cvtneps_pbh(p));
+        const auto valid = [&](int64_t from) {
+          const int64_t n = std::clamp<int64_t>(end[r] - from, 0, 16);
+          return n == 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+        };
+        __m512 p[2];
+        if (two) {
+          grew[r] = softmax_tiles(_mm512_mul_ps(_mm512_load_ps(scores[0][r]), sc), valid(key),
+                                  _mm512_mul_ps(_mm512_load_ps(scores[1][r]), sc),
+                                  valid(key + 16), m[r], l[r], p[0], p[1], corr[r]);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(p16[1][r]),
+                             (__m256i)_mm512_cvtneps_pbh(p[1]));
+        } else {
+          grew[r] = softmax_tile(_mm512_mul_ps(_mm512_load_ps(scores[0][r]), sc), valid(key),
+                                 m[r], l[r], p[0], corr[r]);
+        }
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p16[0][r]),
+                           (__m256i)_mm512_cvtneps_pbh(p[0]));
       }
-      if (u.k1 - key < 16) {  // p is 0 past each row's end, but V there may hold anything
-        std::memcpy(vlast, vt, sizeof vlast);  // (NaN * 0 is NaN)
-        for (int64_t t = u.k1 - key; t < 16; ++t)
-          for (int d = 0; d < D; ++d) vlast[t / 2][d][t % 2] = at::BFloat16(0.f);
-        vt = reinterpret_cast<const char*>(vlast);
-      }
+      const char* vt[2] = {v_tile(key), two ? v_tile(key + 16) : nullptr};
       asm volatile("" ::: "memory");
-      _tile_loadd(1, p16, 32);
+      _tile_loadd(1, p16[0], 32);
+      if (two) _tile_loadd(5, p16[1], 32);
       for (int c = 0; c < VS; c += 2) {  // two slices at a time, in tiles 7 and 0
-        _tile_loadd(2, vt + 64 * c, v_row);
         _tile_zero(7);
-        _tile_dpbf16ps(7, 1, 2);
-        _tile_loadd(3, vt + 64 * (c + 1), v_row);
         _tile_zero(0);
+        _tile_loadd(2, vt[0] + 64 * c, v_row);
+        _tile_dpbf16ps(7, 1, 2);
+        _tile_loadd(3, vt[0] + 64 * (c + 1), v_row);
         _tile_dpbf16ps(0, 1, 3);
+        if (two) {
+          _tile_loadd(2, vt[1] + 64 * c, v_row);
+          _tile_dpbf16ps(7, 5, 2);
+          _tile_loadd(3, vt[1] + 64 * (c + 1), v_row);
+          _tile_dpbf16ps(0, 5, 3);
+        }
         _tile_stored(7, pv[c], 64);
         _tile_stored(0, pv[c + 1], 64);
       }
