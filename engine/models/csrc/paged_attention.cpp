@@ -636,12 +636,12 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
     // of tile products where one tile alone leaves the tile unit waiting on each product.
     for (int64_t key = u.k0; key < u.k1; key += 32) {
       const bool two = key + 16 < u.k1;
-      for (int64_t next = key + 32; next < std::min<int64_t>(key + 64, u.k1); next += 16) {
-        // the next step's K and V into L1 while this one runs
+      const int64_t next_end = std::min<int64_t>(key + 64, u.k1);
+      for (int64_t next = key + 32; next < next_end; next += 16) {
+        // the next step's K into L1 while this one runs; its V once this step's q·k is
+        // issued, so that the tile products do not queue behind all of the misses
         const char* kn = k_at(next);
-        const char* vn = v_at(next);
         for (int r = 0; r < D / 2; ++r) _mm_prefetch(kn + r * k_row, _MM_HINT_T0);
-        for (int c = 0; c < 8 * D * 4; c += 64) _mm_prefetch(vn + c, _MM_HINT_T0);
       }
       // and the first two lines of K and V of the step after into L2: with blocks shuffled
       // over the pool every tile starts on lines nothing has asked for, and the next tiles'
@@ -666,6 +666,10 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
           _tile_loadd(6, kt[1] + 16 * i * k_row, k_row);
           _tile_dpbf16ps(7, 4, 6);
         }
+      }
+      for (int64_t next = key + 32; next < next_end; next += 16) {
+        const char* vn = v_at(next);
+        for (int c = 0; c < 8 * D * 4; c += 64) _mm_prefetch(vn + c, _MM_HINT_T0);
       }
       _tile_stored(0, scores[0], 64);
       if (two) _tile_stored(7, scores[1], 64);
