@@ -643,10 +643,10 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
         const char* kn = k_at(next);
         for (int r = 0; r < D / 2; ++r) _mm_prefetch(kn + r * k_row, _MM_HINT_T0);
       }
-      // and the first two lines of K and V of the step after into L2: with blocks shuffled
-      // over the pool every tile starts on lines nothing has asked for, and the next tiles'
-      // own prefetches wait on the core's few L1 misses in flight; from two lines in a row
-      // the L2 prefetcher can bring in the rest of the block by itself
+      // and the first two lines of K and V of the step after next into L2: with blocks
+      // shuffled over the pool every tile starts on lines nothing has asked for, and the
+      // next step's own prefetches wait on the core's few L1 misses in flight; from two
+      // lines in a row the L2 prefetcher can bring in the rest of the block by itself
       for (int64_t far = key + 64; far < std::min<int64_t>(key + 96, u.k1); far += 16) {
         const char* kf = k_at(far);
         const char* vf = v_at(far);
