@@ -327,6 +327,11 @@ inline __m512 hsum16(const __m512* v) {
                        _mm512_shuffle_f32x4(z01, z23, 0xDD));
 }
 
+// The first n of a tile's 16 lanes (n in [0, 16])
+inline __mmask16 first_lanes(int64_t n) {
+  return n == 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
 // Online softmax over one tile of scores x (lane t: key t, n valid): the tile's
 // probabilities p (0 past n), with the running max m and the per-lane running sums l of one
 // query head updated. True when the max grew: the head's accumulator must then be scaled by
@@ -392,7 +397,7 @@ void decode_avx512(const T* q, int64_t q_stride, const T* kc, const T* vc, const
     for (int64_t start = 0; start < walk.len; start += 16) {
       const int64_t n = std::min<int64_t>(16, walk.len - start);
       const int64_t* row = walk.tile(start, kc, vc);
-      const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+      const __mmask16 valid = first_lanes(n);
       alignas(64) float prob[G][16];
       for (int g = 0; g < G; ++g) {
         __m512 dots[16];
@@ -458,7 +463,7 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
     for (int64_t start = 0; start < walk.len; start += 16) {
       const int64_t n = std::min<int64_t>(16, walk.len - start);
       const int64_t* row = walk.tile(start, kc, vc);
-      const __mmask16 valid = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+      const __mmask16 valid = first_lanes(n);
       for (int g = 0; g < G; ++g) {
         __m512 dots[16];
         for (int t = 0; t < 16; ++t) {
@@ -679,8 +684,7 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
       const __m512 sc = _mm512_set1_ps(scale);
       for (int r = 0; r < M; ++r) {
         const auto valid = [&](int64_t from) {
-          const int64_t n = std::clamp<int64_t>(end[r] - from, 0, 16);
-          return n == 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+          return first_lanes(std::clamp<int64_t>(end[r] - from, 0, 16));
         };
         __m512 p[2];
         if (two) {
