@@ -187,6 +187,7 @@ def test_the_layer_stack_in_one_call_gives_the_per_layer_logits_bit_for_bit(tiny
     tables = torch.tensor([[0]] * 6 + [[1]] * 4, dtype=torch.int32)
     lens = torch.tensor([1, 2, 3, 4, 5, 6, 1, 2, 3, 4], dtype=torch.int32)
     runs = []
+    ops().forward_times(True)  # the one call timed (scripts/step_anatomy.py): the same bits
     for layers in (stack, None):
         model.layer_stack = layers
         meta = AttentionMetadata(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5, 8, 9, 10, 11]),
@@ -195,6 +196,12 @@ def test_the_layer_stack_in_one_call_gives_the_per_layer_logits_bit_for_bit(tiny
                    torch.zeros(arch.num_kv_heads, 2, 8, arch.head_dim, dtype=torch.bfloat16))
                   for _ in range(arch.num_layers)]
         runs.append((model.forward(ids, positions, meta, caches, torch.tensor([5, 9])), caches))
+        if layers is stack:
+            times = ops().forward_times(False)
+    # microseconds of matmuls, attention, norms, RoPE + K/V writes, SiLU x up; whole calls
+    assert len(times) == 6 and all(t > 0 for t in times)
+    assert times[5] >= sum(times[:5])
+    assert ops().forward_times(False) == [0.0] * 6  # timing off: the per-layer run adds none
     (one_call, kv_one), (per_layer, kv_per) = runs
     assert one_call.shape == (2, arch.vocab_size)
     assert torch.equal(one_call, per_layer)

@@ -22,7 +22,9 @@
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
+#include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "kernels.h"
@@ -31,12 +33,49 @@ namespace batchlens {
 
 constexpr int64_t kWeightsPerLayer = 7;
 
+// The layer stack's ops, by kind, for the timings below
+enum Op { kLinear, kAttention, kNorm, kRope, kSilu, kOps };
+constexpr const char* kOpNames[kOps] = {"batchlens::bf16_linear",
+                                        "batchlens::paged_decode_attention",
+                                        "batchlens::add_rms_norm", "batchlens::rope_write_kv",
+                                        "batchlens::silu_mul"};
+
+// Wall time of the stack's ops by kind, and of whole calls, summed while timing is on
+// (`forward_times`, scripts/step_anatomy.py). torch.profiler costs about a microsecond an op,
+// as much as a batch-1 step's small ops themselves: it cannot split such a step. Steps run
+// on one thread (engine/compute.py), which alone reads and writes these.
+struct Timings {
+  bool on = false;
+  double us[kOps + 1] = {};  // the ops, then whole forward_layers calls
+};
+Timings timings;
+
+using Clock = std::chrono::steady_clock;
+struct Timed {  // adds its lifetime to timings.us[slot] where timing is on
+  int slot;
+  Clock::time_point start = timings.on ? Clock::now() : Clock::time_point();
+  ~Timed() {
+    if (timings.on)
+      timings.us[slot] += std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  }
+};
+
 // `f()` under the op's own name for torch.profiler (the bench's step breakdown): a call from
 // here skips the dispatcher, which is where ops are recorded. Free while no profiler runs.
 template <typename F>
-auto recorded(const char* name, F&& f) {
-  RECORD_FUNCTION(name, std::vector<c10::IValue>());
+auto recorded(Op op, F&& f) {
+  RECORD_FUNCTION(kOpNames[op], std::vector<c10::IValue>());
+  Timed timed{op};
   return f();
+}
+
+// The sums so far in microseconds (the ops in Op's order, then whole calls), reset; timing
+// stays on or goes off for the calls after this one as `on` says
+std::vector<double> forward_times(bool on) {
+  std::vector<double> out(std::begin(timings.us), std::end(timings.us));
+  timings = Timings{};
+  timings.on = on;
+  return out;
 }
 
 at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k_caches,
@@ -44,6 +83,7 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
                           const at::Tensor& positions, const at::Tensor& slot_mapping,
                           const at::Tensor& block_tables, const at::Tensor& context_lens,
                           int64_t num_heads, int64_t num_kv_heads, double eps, double scale) {
+  Timed whole{kOps};
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers &&
                   static_cast<int64_t>(weights.size()) == kWeightsPerLayer * layers,
@@ -54,11 +94,11 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
   const int64_t rows = x.size(0), head_dim = v_caches[0].size(3);
   const int64_t q_width = num_heads * head_dim;
   auto norm = [&](const c10::optional<at::Tensor>& d, const at::Tensor& weight) {
-    return recorded("batchlens::add_rms_norm", [&] { return add_rms_norm(x, d, weight, eps); });
+    return recorded(kNorm, [&] { return add_rms_norm(x, d, weight, eps); });
   };
   auto linear = [&](const at::Tensor& in, const at::Tensor& weight,
                     const c10::optional<at::Tensor>& b) {
-    return recorded("batchlens::bf16_linear", [&] { return bf16_linear(in, weight, b); });
+    return recorded(kLinear, [&] { return bf16_linear(in, weight, b); });
   };
   at::Tensor delta;
   for (int64_t l = 0; l < layers; ++l) {
@@ -69,18 +109,18 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
         delta.defined() ? c10::optional<at::Tensor>(delta) : c10::nullopt;
     at::Tensor hs = norm(residual, w[0]);
     at::Tensor qkv = linear(hs, w[1], bias);
-    recorded("batchlens::rope_write_kv", [&] {
+    recorded(kRope, [&] {
       rope_write_kv(qkv, cos, sin, positions, k_caches[l], v_caches[l], slot_mapping,
                     num_heads, num_kv_heads);
     });
     at::Tensor q = qkv.narrow(1, 0, q_width).view({rows, num_heads, head_dim});
-    at::Tensor attn = recorded("batchlens::paged_decode_attention", [&] {
+    at::Tensor attn = recorded(kAttention, [&] {
       return paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens,
                                     scale);
     }).view({rows, q_width});
     hs = norm(linear(attn, w[3], c10::nullopt), w[4]);
     at::Tensor gate_up = linear(hs, w[5], c10::nullopt);
-    at::Tensor act = recorded("batchlens::silu_mul", [&] { return silu_mul(gate_up); });
+    at::Tensor act = recorded(kSilu, [&] { return silu_mul(gate_up); });
     delta = linear(act, w[6], c10::nullopt);
   }
   return delta;
@@ -89,6 +129,7 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
 }  // namespace batchlens
 
 TORCH_LIBRARY_FRAGMENT(batchlens, m) {
+  m.def("forward_times(bool on) -> float[]", &batchlens::forward_times);
   m.def("forward_layers(Tensor(a!) x, Tensor[] weights, Tensor(b!)[] k_caches, "
         "Tensor(c!)[] v_caches, Tensor cos, Tensor sin, Tensor positions, Tensor slot_mapping, "
         "Tensor block_tables, Tensor context_lens, int num_heads, int num_kv_heads, float eps, "
