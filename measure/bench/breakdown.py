@@ -96,8 +96,8 @@ def _profile_steps(loaded: LoadedModel, contexts: list[int], prompts: list[int],
     runner = ModelRunner(loaded.model, blocks, BLOCK_SIZE)
     try:
         tables: dict[str, list[int]] = {}
-        decode = [_sequence(tables, f"d{i}", n, 1) for i, n in enumerate(contexts)]
-        fresh = [_sequence(tables, f"p{i}", 0, n) for i, n in enumerate(chunks)]
+        decode = [cached_sequence(tables, f"d{i}", n, 1) for i, n in enumerate(contexts)]
+        fresh = [cached_sequence(tables, f"p{i}", 0, n) for i, n in enumerate(chunks)]
         mixed = [(s, 1) for s in decode[: len(half)]] + [(s, s.num_tokens) for s in fresh]
         steps = [(f"decode step, {len(contexts)} sequences", [(s, 1) for s in decode]),
                  (f"mixed step, {len(half)} decoding + {len(chunks)} prompts", mixed)]
@@ -106,7 +106,7 @@ def _profile_steps(loaded: LoadedModel, contexts: list[int], prompts: list[int],
         runner.release_kv()
 
 
-def _sequence(tables: dict[str, list[int]], rid: str, cached: int, new: int) -> Sequence:
+def cached_sequence(tables: dict[str, list[int]], rid: str, cached: int, new: int) -> Sequence:
     """A request of `cached + new` prompt tokens, `cached` of them already in the cache
     (whose K/V stay zeros: the step's time does not depend on them), with its blocks."""
     seq = Sequence(rid, [(31 * len(tables) + t) % 1000 + 3 for t in range(cached + new)],

@@ -1,0 +1,180 @@
+"""Where a batch-1 decode step's time goes, against the weights' streaming alone.
+
+A batch-1 step reads every weight once, so its floor is the weights' bytes over the
+memory bandwidth. This script times, for the bundled model (or --model):
+
+- the engine's decode steps, as `batchlens bench` counts them (one request of --prompt
+  tokens generating --tokens; the median step);
+- the same step's parts on the compute thread, each as the engine runs it, right after a
+  forward pass: the inputs (`ModelRunner.prepare_inputs`), the forward, the sampling
+  (`ModelRunner.sample_rows`). A forward streams the weights through every cache, so the
+  host code after it runs from memory: these parts cost several times what they cost when
+  timed back to back;
+- the trip to the compute thread and back (`engine.compute.run` from another thread);
+- inside the forward, where the layer stack runs in one native call (csrc/decoder.cpp), its
+  ops by kind, timed in that call (`torch.ops.batchlens.forward_times`; torch.profiler
+  costs as much per op as a batch-1 step's small ops take), and what runs outside it;
+- the weights' bytes at `measure.calibrate`'s bandwidth, measured in the same run.
+
+    PYTHONPATH=. python scripts/step_anatomy.py [--model PATH] [--prompt N] [--tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+import torch
+
+from engine import compute
+from engine.config import EngineConfig, SamplingParams
+from engine.engine import Engine
+from engine.models.llama import LlamaModel
+from engine.models.loaded import LoadedModel
+from engine.runner import ModelRunner
+from measure.bench.breakdown import cached_sequence
+from measure.calibrate import calibrate
+
+BLOCK_SIZE = 16
+ITERATIONS = 60
+
+
+def median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1000
+
+
+def engine_steps(loaded: LoadedModel, prompt: int, tokens: int) -> float:
+    """The median decode step (ms) of one request in the engine, as the bench counts it."""
+    with Engine(EngineConfig(max_num_seqs=1), loaded=loaded) as eng:
+        eng.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))
+        start = time.monotonic()
+        ids = [(37 * i) % 1000 + 5 for i in range(prompt)]
+        eng.generate([ids], SamplingParams(max_tokens=tokens, ignore_eos=True))
+        steps = [s.duration for s in eng.stats().recent_steps
+                 if s.start >= start and not s.num_prefill_tokens]
+    return median_ms(steps)
+
+
+def one_request(model: LlamaModel, context: int) -> tuple[ModelRunner, list, dict]:
+    """A runner holding one request with `context` tokens cached, decoding its next: the
+    runner, the step's entries, the block tables."""
+    tables: dict[str, list[int]] = {}
+    entries = [(cached_sequence(tables, "r0", context, 1), 1)]
+    return ModelRunner(model, -(-(context + 1) // BLOCK_SIZE), BLOCK_SIZE), entries, tables
+
+
+def step_parts(loaded: LoadedModel, context: int) -> dict[str, float]:
+    """Inputs, forward and sampling of a decode step at `context` tokens (ms, medians), each
+    timed right after a forward, as the engine runs them (on the compute thread)."""
+    model = loaded.model
+    runner, entries, tables = one_request(model, context)
+    parts: dict[str, list[float]] = {"inputs": [], "forward": [], "sampling": []}
+    try:
+        for i in range(ITERATIONS + 3):
+            if i == 3 and model.layer_stack is not None:
+                torch.ops.batchlens.forward_times(True)
+            t0 = time.perf_counter()
+            s = runner.prepare_inputs(entries, tables)
+            t1 = time.perf_counter()
+            logits = model.forward(s.input_ids, s.positions, s.meta, runner.kv_caches,
+                                   s.logits_rows)
+            t2 = time.perf_counter()
+            runner.sample_rows(logits[: len(s.sampled)], entries, s.sampled, {})
+            t3 = time.perf_counter()
+            if i >= 3:
+                for name, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                    parts[name].append(dt)
+        stack = (torch.ops.batchlens.forward_times(False) if model.layer_stack is not None
+                 else [])
+    finally:
+        runner.release_kv()
+    out = {name: median_ms(ts) for name, ts in parts.items()}
+    out["forward_mean"] = statistics.mean(parts["forward"]) * 1000
+    if stack:  # means, ms: matmuls, attention, norms, RoPE + K/V, SiLU x up, whole calls
+        out |= dict(zip(("matmuls", "attention", "norms", "rope", "silu", "stack"),
+                        (t / 1000 / ITERATIONS for t in stack), strict=True))
+    return out
+
+
+def round_trip(loaded: LoadedModel, context: int) -> float:
+    """The trip to the compute thread and back around a forward (ms): `compute.run` timed
+    from another thread, less the time the forward took inside it."""
+    model = loaded.model
+    runner, entries, tables = one_request(model, context)
+    s = compute.run(runner.prepare_inputs, entries, tables)
+    inside: list[float] = []
+
+    def forward() -> None:
+        t0 = time.perf_counter()
+        model.forward(s.input_ids, s.positions, s.meta, runner.kv_caches, s.logits_rows)
+        inside.append(time.perf_counter() - t0)
+
+    trips: list[float] = []
+
+    def caller() -> None:  # as the engine's loop thread calls it
+        for _ in range(ITERATIONS):
+            t0 = time.perf_counter()
+            compute.run(forward)
+            trips.append(time.perf_counter() - t0 - inside[-1])
+
+    try:
+        thread = threading.Thread(target=caller)
+        thread.start()
+        thread.join()
+    finally:
+        compute.run(runner.release_kv)
+    return median_ms(trips[3:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="local HF folder or .gguf (default: the bundled model)")
+    ap.add_argument("--prompt", type=int, default=300, help="prompt tokens (default 300)")
+    ap.add_argument("--tokens", type=int, default=200, help="tokens generated (default 200)")
+    a = ap.parse_args()
+    loaded = LoadedModel.load(a.model)
+    context = a.prompt + a.tokens // 2
+    bandwidth = calibrate().bandwidth_gbs
+    engine_ms = engine_steps(loaded, a.prompt, a.tokens)
+    parts = compute.run(step_parts, loaded, context)
+    trip = round_trip(loaded, context)
+    model = loaded.model
+    arch = model.arch
+    weights = sum(t.numel() * t.element_size() for t in weight_tensors(model))
+    kv = context * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2 * model.dtype.itemsize
+    print(f"batch-1 decode step, {loaded.name} ({model.dtype}), "
+          f"{torch.get_num_threads()} threads, ~{context} tokens of context; "
+          f"calibrated bandwidth {bandwidth:.1f} GB/s; ms (medians; the forward's parts means)")
+    def row(label: str, ms: float, note: str = "") -> None:
+        print(f"  {label:<48}{ms:7.2f}{note}")
+
+    row("engine step (the bench's decode figure)", engine_ms)
+    row("to the compute thread and back", trip)
+    row("inputs, after a forward", parts["inputs"])
+    row("forward", parts["forward"])
+    if "stack" in parts:
+        layer_bytes = sum(t.numel() * t.element_size() for t in weight_tensors(model)[:-1])
+        small = parts["norms"] + parts["rope"] + parts["silu"]
+        rest = parts["stack"] - parts["matmuls"] - parts["attention"] - small
+        row(f"  layer matmuls ({layer_bytes / 1e6:.0f} MB)", parts["matmuls"],
+            f"   {layer_bytes / parts['matmuls'] / 1e6:5.1f} GB/s")
+        row(f"  decode attention ({kv / 1e6:.1f} MB of K/V)", parts["attention"],
+            f"   {kv / parts['attention'] / 1e6:5.1f} GB/s")
+        row("  norms, RoPE + K/V writes, SiLU x up", small)
+        row("  the rest of the layer stack's call", rest)
+        row("  outside it: embedding, final norm, LM head", parts["forward_mean"] - parts["stack"])
+    row("sampling, after a forward", parts["sampling"])
+    row(f"the weights ({weights / 1e6:.0f} MB) at the calibrated bandwidth", weights / bandwidth / 1e6)
+
+
+def weight_tensors(model: LlamaModel) -> list[torch.Tensor]:
+    """The weights a decode step streams: every layer's matmuls and the LM head."""
+    return [t for layer in model.layers for t in (layer.qkv.weight, layer.o.weight,
+                                                   layer.gate_up.weight, layer.down.weight)
+            ] + [model.lm_head.weight]
+
+
+if __name__ == "__main__":
+    main()
