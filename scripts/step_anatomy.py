@@ -147,6 +147,7 @@ def main() -> None:
     print(f"batch-1 decode step, {loaded.name} ({model.dtype}), "
           f"{torch.get_num_threads()} threads, ~{context} tokens of context; "
           f"calibrated bandwidth {bandwidth:.1f} GB/s; ms (medians; the forward's parts means)")
+
     def row(label: str, ms: float, note: str = "") -> None:
         print(f"  {label:<48}{ms:7.2f}{note}")
 
