@@ -166,8 +166,10 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
+@functools.cache
 def avx512() -> bool:
-    """The kernels were built with AVX-512 (the CPU has it and BATCHLENS_NATIVE_ISA allows)."""
+    """The kernels were built with AVX-512 (the CPU has it and BATCHLENS_NATIVE_ISA allows);
+    asked once, as the build is made once (each greedy step asks)."""
     return isa() == "native" and "avx512" in torch.backends.cpu.get_cpu_capability().lower()
 
 
