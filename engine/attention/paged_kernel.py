@@ -20,14 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.attention.common import (
-    Entries,
-    FlatBatch,
-    InputBuilder,
-    StepInputs,
-    decode_entries,
-    on_device,
-)
+from engine.attention.common import Entries, FlatBatch, InputBuilder, StepInputs, decode_entries
 from engine.attention.torch_grouped import Gather, gathered_prefills
 from engine.models.attention import AttentionMetadata, KernelDecode
 from engine.models.native import PagedDecode
@@ -50,8 +43,8 @@ class PagedKernelBackend:
             meta.kernel_decode = self.kernel_rows(batch)
         else:
             if (d := batch.decode) is not None:
-                meta.kernel_decode = KernelDecode(self.kernel, on_device(d.tables, dev),
-                                                  on_device(d.context_lens, dev))
+                meta.kernel_decode = KernelDecode(self.kernel, d.tables.to(dev),
+                                                  d.context_lens.to(dev))
             meta.prefills = gathered_prefills(batch, self.gather, self.inputs.block_size)
         return batch.to_device(meta, dev)
 
