@@ -34,10 +34,9 @@ from engine.engine import Engine
 from engine.models.llama import LlamaModel
 from engine.models.loaded import LoadedModel
 from engine.runner import ModelRunner
-from measure.bench.breakdown import cached_sequence
+from measure.bench.breakdown import BLOCK_SIZE, cached_sequence
 from measure.calibrate import calibrate
 
-BLOCK_SIZE = 16
 ITERATIONS = 60
 
 
