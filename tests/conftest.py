@@ -115,12 +115,13 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
-def build_tiny_model(kind: str, folder: Path, bundled: Path) -> Path:
-    """Save a tiny randomly initialised Llama or Qwen2 with the bundled tokenizer."""
+def build_tiny_model(kind: str, folder: Path, bundled: Path, head_dim: int = 16) -> Path:
+    """Save a tiny randomly initialised Llama or Qwen2 (4 query heads, 2 kv heads of
+    `head_dim`) with the bundled tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    common = dict(vocab_size=1024, hidden_size=64, intermediate_size=128,
+    common = dict(vocab_size=1024, hidden_size=4 * head_dim, intermediate_size=128,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=512, rms_norm_eps=1e-5)
     if kind == "llama":
@@ -153,6 +154,12 @@ def tokenizer_dir() -> Path:
 def tiny_models(tmp_path_factory, tokenizer_dir: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     return {k: build_tiny_model(k, root / k, tokenizer_dir) for k in ("llama", "qwen2")}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_d64(tmp_path_factory, tokenizer_dir: Path) -> Path:
+    """A tiny Llama with head_dim 64: a shape the attention kernel's tile path takes."""
+    return build_tiny_model("llama", tmp_path_factory.mktemp("tiny_d64"), tokenizer_dir, 64)
 
 
 # ---- the two serving sides on the shared float32 weights, one of each per test module -------

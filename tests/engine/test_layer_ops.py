@@ -208,3 +208,70 @@ def test_the_layer_stack_in_one_call_gives_the_per_layer_logits_bit_for_bit(tiny
     assert all(torch.equal(a, b) for (ka, va), (kb, vb) in zip(kv_one, kv_per, strict=True)
                for a, b in ((ka, kb), (va, vb)))
     assert kv_one[0][0].abs().sum() > 0  # the K/V were written
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not native.packed_kv(torch.device("cpu"), torch.bfloat16, 16, 64, 2),
+                    reason="the attention kernel stores K/V itself on its tile path only (AMX)")
+@pytest.mark.parametrize("lens", [[300], [1, 16, 17, 32, 33, 64, 40]])
+def test_a_decode_steps_kv_stored_by_the_attention_kernel_gives_the_same_bits(tiny_llama_d64,
+                                                                                lens):
+    """In a step whose rows are each alone (decode rows), the layer stack leaves the K/V
+    stores to the attention kernel, in the step of its walk that reads their block: the
+    same logits and caches, bit for bit, as the per-layer loop storing them first. [300]:
+    one request, its keys cut into pieces over the threads; the others: newest keys at
+    either edge of a block."""
+    from engine.models.attention import AttentionMetadata, KernelDecode
+    from engine.models.llama import LlamaModel
+
+    model = LlamaModel.from_folder(tiny_llama_d64, torch.device("cpu"), torch.bfloat16)
+    stack, arch = model.layer_stack, model.arch
+    assert stack is not None and arch.head_dim == 64
+    bs, g = 16, torch.Generator().manual_seed(3)
+    blocks = [-(-n // bs) for n in lens]
+    order = torch.randperm(sum(blocks), generator=g).tolist()  # tables shuffled over the pool
+    tables = torch.zeros(len(lens), max(blocks), dtype=torch.int32)
+    taken = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = torch.tensor(order[taken: taken + n])
+        taken += n
+    context = torch.tensor(lens, dtype=torch.int32)
+    positions = context.long() - 1
+    slots = torch.stack([tables[i, p // bs].long() * bs + p % bs
+                         for i, p in enumerate(positions.tolist())])
+    ids = torch.randint(0, arch.vocab_size, (len(lens),), generator=g)
+    shape = (arch.num_kv_heads, sum(blocks), bs, arch.head_dim)
+    rows = [(torch.randn(shape, generator=g).bfloat16(), torch.randn(shape, generator=g).bfloat16())
+            for _ in range(arch.num_layers)]
+    assert ops().attention_stores_kv(pack_caches(*rows[0])[0], arch.num_heads, tables, context,
+                                     slots)
+    runs = []
+    for layers in (stack, None):
+        model.layer_stack = layers
+        caches = [pack_caches(k, v) for k, v in rows]
+        meta = AttentionMetadata(slot_mapping=slots,
+                                 kernel_decode=KernelDecode(model.attention_kernel, tables,
+                                                            context))
+        runs.append((model.forward(ids, positions, meta, caches, torch.arange(len(lens))),
+                     caches))
+    (one_call, kv_one), (per_layer, kv_per) = runs
+    assert torch.equal(one_call, per_layer)
+    assert all(torch.equal(a, b) for (ka, va), (kb, vb) in zip(kv_one, kv_per, strict=True)
+               for a, b in ((ka, kb), (va, vb)))
+    fresh = [pack_caches(k, v) for k, v in rows]
+    assert not all(torch.equal(a, b) for (ka, va), (kb, vb) in zip(kv_one, fresh, strict=True)
+                   for a, b in ((ka, kb), (va, vb)))  # the step's keys were stored
+
+
+@pytest.mark.skipif(not native.packed_kv(torch.device("cpu"), torch.bfloat16, 16, 64, 2),
+                    reason="the attention kernel stores K/V itself on its tile path only (AMX)")
+def test_the_attention_kernel_stores_kv_only_where_every_row_is_alone_at_its_slot():
+    k = torch.zeros(cache_shapes(2, 8, 16, 64, True)[0], dtype=torch.bfloat16)
+    tables = torch.tensor([[0, 1], [2, 3], [2, 3]], dtype=torch.int32)
+    decode = torch.tensor([20, 5, 9], dtype=torch.int32)  # rows alone, two sharing a table
+    slots = torch.tensor([16 + 3, 2 * 16 + 4, 2 * 16 + 8])
+    assert ops().attention_stores_kv(k, 4, tables, decode, slots)
+    assert not ops().attention_stores_kv(k, 4, tables, decode, slots + 1)  # another slot
+    prompt = torch.tensor([20, 5, 6], dtype=torch.int32)  # rows 2 and 3: a run of one prompt
+    assert not ops().attention_stores_kv(k, 4, tables, prompt, torch.tensor([19, 36, 37]))
+    assert not ops().attention_stores_kv(k.float(), 4, tables, decode, slots)

@@ -5,7 +5,8 @@
 //
 //   hs = add_rms_norm(x, delta, input_norm)      x += delta (the residual), in place
 //   qkv = hs Wqkv^T (+ b);  rope_write_kv(qkv)    RoPE in place, this step's K/V stored
-//   attn = paged_decode_attention(q of qkv)
+//   attn = paged_decode_attention(q of qkv)       (or the K/V stored here, where the kernel
+//                                                  can: attention_stores_kv)
 //   hs = add_rms_norm(x, attn Wo^T, post_norm)
 //   delta = silu_mul(hs Wgu^T) Wdown^T
 //
@@ -100,6 +101,9 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
                     const c10::optional<at::Tensor>& b) {
     return recorded(kLinear, [&] { return bf16_linear(in, weight, b); });
   };
+  // where the attention kernel can, it stores the step's K and V as it reads their blocks
+  const bool kv_in_attention = attention_stores_kv(k_caches[0], num_heads, block_tables,
+                                                   context_lens, slot_mapping);
   at::Tensor delta;
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
@@ -111,12 +115,12 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
     at::Tensor qkv = linear(hs, w[1], bias);
     recorded(kRope, [&] {
       rope_write_kv(qkv, cos, sin, positions, k_caches[l], v_caches[l], slot_mapping,
-                    num_heads, num_kv_heads);
+                    num_heads, num_kv_heads, !kv_in_attention);
     });
     at::Tensor q = qkv.narrow(1, 0, q_width).view({rows, num_heads, head_dim});
     at::Tensor attn = recorded(kAttention, [&] {
       return paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens,
-                                    scale);
+                                    scale, kv_in_attention);
     }).view({rows, q_width});
     hs = norm(linear(attn, w[3], c10::nullopt), w[4]);
     at::Tensor gate_up = linear(hs, w[5], c10::nullopt);

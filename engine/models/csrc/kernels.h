@@ -5,6 +5,10 @@
 
 #include <ATen/ATen.h>
 
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 namespace batchlens {
 
 // Where element (key t, dim d) of a packed K or V block sits in it (the layout of
@@ -12,6 +16,40 @@ namespace batchlens {
 // each pair row the D dims
 inline int64_t packed_k(int64_t t, int64_t d, int64_t BS) { return (d / 2 * BS + t) * 2 + d % 2; }
 inline int64_t packed_v(int64_t t, int64_t d, int64_t D) { return (t / 2 * D + d) * 2 + t % 2; }
+
+// One key's K and V into a packed block (kb, vb): K's pairs of dims go one per pair row (a
+// stride of BS pairs), V's dims into the half `off % 2` of pair row off / 2.
+template <typename T>
+inline void write_packed(T* kb, T* vb, const T* k, const T* v, int64_t off, int64_t BS,
+                         int64_t D) {
+#if defined(__AVX512BW__)
+  if constexpr (sizeof(T) == 2) {
+    if (D % 32 == 0) {
+      const __m512i stride = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+          _mm512_set1_epi32(static_cast<int>(BS)));
+      const __mmask32 half = off % 2 ? 0xAAAAAAAAu : 0x55555555u;
+      int32_t* kp = reinterpret_cast<int32_t*>(kb) + off;
+      T* vp = vb + off / 2 * D * 2;
+      for (int64_t d = 0; d < D; d += 32) {  // 16 pairs of K, 32 dims of V
+        const __m512i pairs = _mm512_loadu_si512(k + d);
+        _mm512_i32scatter_epi32(kp + d / 2 * BS, stride, pairs, 4);
+        for (int64_t j = 0; j < 32; j += 16) {  // 16 dims -> the low or high halves of 16 pairs
+          __m512i x = _mm512_cvtepu16_epi32(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + d + j)));
+          if (off % 2) x = _mm512_slli_epi32(x, 16);
+          _mm512_mask_storeu_epi16(vp + (d + j) * 2, half, x);
+        }
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t d = 0; d < D; ++d) {
+    kb[packed_k(off, d, BS)] = k[d];
+    vb[packed_v(off, d, D)] = v[d];
+  }
+}
 
 // bf16_gemm.cpp
 bool bf16_linear_supported();
@@ -22,15 +60,26 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
 // layer_ops.cpp
 at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
                         const at::Tensor& weight, double eps);
+// write: also store each row's K and V at its slot (else RoPE alone: the attention stores
+// them, see paged_decode_attention)
 void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& positions, at::Tensor k_cache, at::Tensor v_cache,
-                   const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads);
+                   const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
+                   bool write);
 at::Tensor silu_mul(const at::Tensor& gate_up);
 
 // paged_attention.cpp
 bool paged_packed_supported(int64_t head_dim, int64_t group, int64_t block_size);
+// Whether paged_decode_attention can store the step's K and V itself (store_kv): the tile
+// kernel over packed caches, every row alone (a run of prompt rows reads keys that its
+// other rows store), each row's slot that of its newest key (position context_lens - 1)
+bool attention_stores_kv(const at::Tensor& k_cache, int64_t num_heads,
+                         const at::Tensor& block_tables, const at::Tensor& context_lens,
+                         const at::Tensor& slot_mapping);
+// store_kv (where attention_stores_kv): q is rows of the fused QKV output after RoPE, and
+// each row's K and V, after its query heads, go into the cache as the row's newest key
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale);
+                                  const at::Tensor& context_lens, double scale, bool store_kv);
 
 }  // namespace batchlens

@@ -191,45 +191,11 @@ inline void rope_head(T* x, const T* c, const T* s, int64_t half) {
   }
 }
 
-// One key's K and V into a packed block (kb, vb): K's pairs of dims go one per pair row (a
-// stride of BS pairs), V's dims into the half `off % 2` of pair row off / 2.
-template <typename T>
-inline void write_packed(T* kb, T* vb, const T* k, const T* v, int64_t off, int64_t BS,
-                         int64_t D) {
-#if defined(__AVX512BW__)
-  if constexpr (sizeof(T) == 2) {
-    if (D % 32 == 0) {
-      const __m512i stride = _mm512_mullo_epi32(
-          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-          _mm512_set1_epi32(static_cast<int>(BS)));
-      const __mmask32 half = off % 2 ? 0xAAAAAAAAu : 0x55555555u;
-      int32_t* kp = reinterpret_cast<int32_t*>(kb) + off;
-      T* vp = vb + off / 2 * D * 2;
-      for (int64_t d = 0; d < D; d += 32) {  // 16 pairs of K, 32 dims of V
-        const __m512i pairs = _mm512_loadu_si512(k + d);
-        _mm512_i32scatter_epi32(kp + d / 2 * BS, stride, pairs, 4);
-        for (int64_t j = 0; j < 32; j += 16) {  // 16 dims -> the low or high halves of 16 pairs
-          __m512i x = _mm512_cvtepu16_epi32(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + d + j)));
-          if (off % 2) x = _mm512_slli_epi32(x, 16);
-          _mm512_mask_storeu_epi16(vp + (d + j) * 2, half, x);
-        }
-      }
-      return;
-    }
-  }
-#endif
-  for (int64_t d = 0; d < D; ++d) {
-    kb[batchlens::packed_k(off, d, BS)] = k[d];
-    vb[batchlens::packed_v(off, d, D)] = v[d];
-  }
-}
-
 template <typename T>
 void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
                         const int64_t* pos, T* kc, T* vc, const int64_t* slots, int64_t rows,
                         int64_t H, int64_t KVH, int64_t D, int64_t num_slots, int64_t BS,
-                        bool packed) {
+                        bool packed, bool write) {
   const int64_t half = D / 2;
   at::parallel_for(0, rows, grain_rows((H + 2 * KVH) * D), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -237,6 +203,7 @@ void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
       const T* c = cos + pos[r] * D;
       const T* s = sin + pos[r] * D;
       for (int64_t h = 0; h < H + KVH; ++h) rope_head(row + h * D, c, s, half);
+      if (!write) continue;
       const int64_t slot = slots[r];
       for (int64_t h = 0; h < KVH; ++h) {
         const T* k = row + (H + h) * D;
@@ -251,7 +218,7 @@ void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
         const int64_t off = slot % BS;
         T* kb = kc + (h * num_slots + slot - off) * D;
         T* vb = vc + (h * num_slots + slot - off) * D;
-        write_packed(kb, vb, k, v, off, BS, D);
+        batchlens::write_packed(kb, vb, k, v, off, BS, D);
       }
     }
   });
@@ -263,7 +230,8 @@ namespace batchlens {
 
 void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& positions, at::Tensor k_cache, at::Tensor v_cache,
-                   const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads) {
+                   const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
+                   bool write) {
   TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1,
               "rope_write_kv: qkv must be a CPU [rows, width] tensor with contiguous rows");
   const bool packed = k_cache.dim() == 5;
@@ -302,7 +270,7 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
     rope_write_kv_impl<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), cos.data_ptr<scalar_t>(),
                                  sin.data_ptr<scalar_t>(), pp, k_cache.data_ptr<scalar_t>(),
                                  v_cache.data_ptr<scalar_t>(), sp, rows, H, KVH, D, num_slots, BS,
-                                 packed);
+                                 packed, write);
   });
 }
 
@@ -426,6 +394,13 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   return out;
 }
 
+void rope_write_kv_op(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& positions, at::Tensor k_cache, at::Tensor v_cache,
+                      const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads) {
+  batchlens::rope_write_kv(qkv, cos, sin, positions, k_cache, v_cache, slot_mapping, num_heads,
+                           num_kv_heads, true);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(batchlens, m) {
@@ -439,7 +414,7 @@ TORCH_LIBRARY_FRAGMENT(batchlens, m) {
 
 TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
   m.impl("add_rms_norm", &batchlens::add_rms_norm);
-  m.impl("rope_write_kv", &batchlens::rope_write_kv);
+  m.impl("rope_write_kv", &rope_write_kv_op);
   m.impl("silu_mul", &batchlens::silu_mul);
   m.impl("argmax_rows", &argmax_rows);
 }

@@ -137,6 +137,27 @@ bool with_group(int64_t group, const F& f) {
   }
 }
 
+// Runs of prompt rows: rows s .. s + n - 1 of one request (the same table, lengths one apart)
+// whose queries fill one A tile together (n G <= 16). runs[s] = n at a run's first row, 0 at
+// its others, 1 for a row alone.
+std::vector<int32_t> row_runs(const int32_t* tables, const int32_t* lens, int64_t S, int64_t BS,
+                              int64_t max_blocks, int G) {
+  std::vector<int32_t> runs(S, 1);
+  const int64_t most = 16 / G;
+  for (int64_t s = 0; s < S;) {
+    int64_t n = 1;
+    while (n < most && s + n < S && lens[s + n] == lens[s] + n &&
+           std::equal(tables + s * max_blocks,
+                      tables + s * max_blocks + (lens[s + n] + BS - 1) / BS,
+                      tables + (s + n) * max_blocks))
+      ++n;
+    for (int64_t i = 1; i < n; ++i) runs[s + i] = 0;
+    runs[s] = static_cast<int32_t>(n);
+    s += n;
+  }
+  return runs;
+}
+
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -559,27 +580,6 @@ struct AmxScope {  // a thread's tiles are configured at its first unit, release
   }
 };
 
-// Runs of prompt rows: rows s .. s + n - 1 of one request (the same table, lengths one apart)
-// whose queries fill one A tile together (n G <= 16). runs[s] = n at a run's first row, 0 at
-// its others, 1 for a row alone.
-std::vector<int32_t> row_runs(const int32_t* tables, const int32_t* lens, int64_t S, int64_t BS,
-                              int64_t max_blocks, int G) {
-  std::vector<int32_t> runs(S, 1);
-  const int64_t most = 16 / G;
-  for (int64_t s = 0; s < S;) {
-    int64_t n = 1;
-    while (n < most && s + n < S && lens[s + n] == lens[s] + n &&
-           std::equal(tables + s * max_blocks,
-                      tables + s * max_blocks + (lens[s + n] + BS - 1) / BS,
-                      tables + (s + n) * max_blocks))
-      ++n;
-    for (int64_t i = 1; i < n; ++i) runs[s + i] = 0;
-    runs[s] = static_cast<int32_t>(n);
-    s += n;
-  }
-  return runs;
-}
-
 // bfloat16 over packed caches on the tile unit, two tiles of 16 keys at a time, for a unit's
 // M = rows x G query rows at once: q·k is M x 16 scores a tile from D/32 tile products (q as
 // A tiles, K's pair rows as B tiles, read in place), the online softmax runs on each row in
@@ -590,11 +590,17 @@ std::vector<int32_t> row_runs(const int32_t* tables, const int32_t* lens, int64_
 // its rows.
 // GCC's tile intrinsics do not tell it they touch memory: the barriers keep the stores of p
 // and the reads of the stored C tiles where they are.
+//
+// store_kv: q's rows are rows of the fused QKV output, each row's K and V (after RoPE) right
+// after its query heads, and every row is alone (no run): the unit holding a row's newest
+// key stores it into the cache in the step that reads it, whose lines the step before has
+// fetched. Stored apart (rope_write_kv), a key's K lands on all D/2 pair rows of its block,
+// lines in no cache, and each store waits on its line.
 template <int G, int D>
-void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
-                const at::BFloat16* vc, const int32_t* tables, const int32_t* lens,
-                at::BFloat16* out, int64_t S, int64_t H, int64_t KVH, int64_t NB, int64_t BS,
-                int64_t max_blocks, float scale) {
+void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::BFloat16* vc,
+                const int32_t* tables, const int32_t* lens, at::BFloat16* out, int64_t S,
+                int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t max_blocks, float scale,
+                bool store_kv) {
   constexpr int QT = D / 32;  // A tiles of q
   constexpr int VS = D / 16;  // 16-dim slices of V and of the output
   const int64_t k_row = BS * 4, v_row = D * 4;  // bytes between pair rows
@@ -618,6 +624,7 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
       l[r] = _mm512_setzero_ps();
     }
     const int32_t* table = tables + s * max_blocks;
+    const bool stores = store_kv && u.k1 == lens[s];  // this unit holds the row's newest key
     const char* kbase = reinterpret_cast<const char*>(kc) + h * NB * BS * D * 2;
     const char* vbase = reinterpret_cast<const char*>(vc) + h * NB * BS * D * 2;
     // the K and V of the 16 keys from `key` (a multiple of 16): offsets of block + tile
@@ -640,6 +647,13 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
     // Two tiles of 16 keys a step: their q·k, softmax and p·v run side by side, two chains
     // of tile products where one tile alone leaves the tile unit waiting on each product.
     for (int64_t key = u.k0; key < u.k1; key += 32) {
+      if (stores && key + 32 >= u.k1) {  // the last step: the newest key goes in first
+        const int64_t t = u.k1 - 1;
+        const int64_t block = (h * NB + table[t / BS]) * BS * D;
+        const at::BFloat16* fresh = q + s * q_stride + (H + h) * D;
+        batchlens::write_packed(kc + block, vc + block, fresh, fresh + KVH * D, t % BS, BS, D);
+        asm volatile("" ::: "memory");
+      }
       const bool two = key + 16 < u.k1;
       const int64_t next_end = std::min<int64_t>(key + 64, u.k1);
       for (int64_t next = key + 32; next < next_end; next += 16) {
@@ -750,9 +764,9 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, const at::BFloat16* kc,
 #else
 constexpr bool kHasAmx = false;
 template <int G, int D>  // never called: kHasAmx is false without AMX
-void decode_amx(const at::BFloat16*, int64_t, const at::BFloat16*, const at::BFloat16*,
-                const int32_t*, const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t,
-                int64_t, int64_t, int64_t, float) {}
+void decode_amx(const at::BFloat16*, int64_t, at::BFloat16*, at::BFloat16*, const int32_t*,
+                const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                int64_t, float, bool) {}
 #endif
 
 // The compiled instances: G = 1..8 query heads per kv head, head_dim 64 or 128 (SmolLM2,
@@ -1000,9 +1014,36 @@ bool paged_packed_supported(int64_t head_dim, int64_t group, int64_t block_size)
          (head_dim == 64 || head_dim == 128) && group >= 1 && group <= 8;
 }
 
+bool attention_stores_kv(const at::Tensor& k_cache, int64_t num_heads,
+                         const at::Tensor& block_tables, const at::Tensor& context_lens,
+                         const at::Tensor& slot_mapping) {
+  if (k_cache.dim() != 5 || k_cache.scalar_type() != at::kBFloat16 ||
+      std::getenv("BATCHLENS_KERNEL_PATH") != nullptr)
+    return false;
+  const int64_t KVH = k_cache.size(0), D = k_cache.size(2) * 2, BS = k_cache.size(3);
+  if (num_heads % KVH != 0 || !paged_packed_supported(D, num_heads / KVH, BS)) return false;
+  auto bt = block_tables.contiguous();
+  auto cl = context_lens.contiguous();
+  auto sm = slot_mapping.contiguous();
+  const int64_t S = cl.numel(), max_blocks = bt.size(1);
+  if (bt.scalar_type() != at::kInt || cl.scalar_type() != at::kInt ||
+      sm.scalar_type() != at::kLong || sm.numel() != S || bt.size(0) != S)
+    return false;
+  const int32_t* tp = bt.data_ptr<int32_t>();
+  const int32_t* lp = cl.data_ptr<int32_t>();
+  const int64_t* sp = sm.data_ptr<int64_t>();
+  for (int64_t s = 0; s < S; ++s) {  // each row's slot: where its newest key goes
+    const int64_t t = lp[s] - 1;
+    if (t < 0 || t >= max_blocks * BS || sp[s] != tp[s * max_blocks + t / BS] * BS + t % BS)
+      return false;
+  }
+  const std::vector<int32_t> runs = row_runs(tp, lp, S, BS, max_blocks, num_heads / KVH);
+  return std::all_of(runs.begin(), runs.end(), [](int32_t n) { return n == 1; });
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale) {
+                                  const at::Tensor& context_lens, double scale, bool store_kv) {
   TORCH_CHECK(q.device().is_cpu(), "paged_decode_attention runs on CPU tensors");
   TORCH_CHECK(q.dim() == 3, "q must be [S, H, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
@@ -1054,14 +1095,22 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       any<T>(qc.data_ptr<T>(), qc.stride(0), kc.data_ptr<T>(), vc.data_ptr<T>(), tp, lp,       \
              out.data_ptr<T>(), S, H, KVH, NB, BS, D, max_blocks, sc))                         \
     return out;
-  if (packed && path.empty() && qc.scalar_type() == at::kBFloat16 &&
-      paged_packed_supported(D, H / KVH, BS)) {
+  const bool tiles = packed && path.empty() && qc.scalar_type() == at::kBFloat16 &&
+                     paged_packed_supported(D, H / KVH, BS);
+  // the caller has asked attention_stores_kv; q must still be rows of the QKV output (a
+  // lone row's stride is whatever its view says)
+  TORCH_CHECK(!store_kv || (tiles && qc.data_ptr() == q.data_ptr() &&
+                            (S == 1 || qc.stride(0) >= (H + 2 * KVH) * D) &&
+                            k_cache.is_contiguous() && v_cache.is_contiguous()),
+              "paged_decode_attention: store_kv needs the tile kernel, q as rows of the QKV "
+              "output and contiguous caches");
+  if (tiles) {
     const auto amx = [&](auto group) {
       constexpr int G = decltype(group)::value;
       const auto run = D == 64 ? decode_amx<G, 64> : decode_amx<G, 128>;
       run(qc.data_ptr<at::BFloat16>(), qc.stride(0), kc.data_ptr<at::BFloat16>(),
           vc.data_ptr<at::BFloat16>(), tp, lp, out.data_ptr<at::BFloat16>(), S, H, KVH, NB, BS,
-          max_blocks, sc);
+          max_blocks, sc, store_kv);
       return true;
     };
     if (with_group(H / KVH, amx)) return out;
@@ -1089,13 +1138,26 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 
 }  // namespace batchlens
 
+namespace {
+
+at::Tensor paged_decode_attention_op(const at::Tensor& q, const at::Tensor& k_cache,
+                                     const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                     const at::Tensor& context_lens, double scale) {
+  return batchlens::paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                           false);
+}
+
+}  // namespace
+
 TORCH_LIBRARY(batchlens, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
   m.def("paged_packed_supported(int head_dim, int group, int block_size) -> bool",
         &batchlens::paged_packed_supported);
+  m.def("attention_stores_kv(Tensor k_cache, int num_heads, Tensor block_tables, "
+        "Tensor context_lens, Tensor slot_mapping) -> bool", &batchlens::attention_stores_kv);
 }
 
 TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
-  m.impl("paged_decode_attention", &batchlens::paged_decode_attention);
+  m.impl("paged_decode_attention", &paged_decode_attention_op);
 }
