@@ -1,4 +1,4 @@
-"""Where a batch-1 decode step's time goes, against the weights' streaming alone.
+"""Where a decode step's time goes, against the weights' streaming alone.
 
 A batch-1 step reads every weight once, so its floor is the weights' bytes over the
 memory bandwidth. This script times, for the bundled model (or --model):
@@ -16,7 +16,12 @@ memory bandwidth. This script times, for the bundled model (or --model):
   costs as much per op as a batch-1 step's small ops take), and what runs outside it;
 - the weights' bytes at `measure.calibrate`'s bandwidth, measured in the same run.
 
+`--seqs N` (N > 1) times the step's parts for N requests of the bench's mix instead, each
+halfway through its output (the contexts of the bench's profiled decode step), without the
+engine's own steps.
+
     PYTHONPATH=. python scripts/step_anatomy.py [--model PATH] [--prompt N] [--tokens N]
+                                                [--seqs N]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from engine.models.llama import LlamaModel
 from engine.models.loaded import LoadedModel
 from engine.runner import ModelRunner
 from measure.bench.breakdown import BLOCK_SIZE, cached_sequence
+from measure.bench.requests import make_requests, tokenize_corpus
 from measure.calibrate import calibrate
 
 ITERATIONS = 60
@@ -56,19 +62,21 @@ def engine_steps(loaded: LoadedModel, prompt: int, tokens: int) -> float:
     return median_ms(steps)
 
 
-def one_request(model: LlamaModel, context: int) -> tuple[ModelRunner, list, dict]:
-    """A runner holding one request with `context` tokens cached, decoding its next: the
-    runner, the step's entries, the block tables."""
+def decode_step(model: LlamaModel, contexts: list[int]) -> tuple[ModelRunner, list, dict]:
+    """A runner holding one request per context (that many tokens cached), each decoding
+    its next: the runner, the step's entries, the block tables."""
     tables: dict[str, list[int]] = {}
-    entries = [(cached_sequence(tables, "r0", context, 1), 1)]
-    return ModelRunner(model, -(-(context + 1) // BLOCK_SIZE), BLOCK_SIZE), entries, tables
+    entries = [(cached_sequence(tables, f"r{i}", n, 1), 1) for i, n in enumerate(contexts)]
+    blocks = sum(-(-(n + 1) // BLOCK_SIZE) for n in contexts)
+    return ModelRunner(model, blocks, BLOCK_SIZE), entries, tables
 
 
-def step_parts(loaded: LoadedModel, context: int) -> dict[str, float]:
-    """Inputs, forward and sampling of a decode step at `context` tokens (ms, medians), each
-    timed right after a forward, as the engine runs them (on the compute thread)."""
+def step_parts(loaded: LoadedModel, contexts: list[int]) -> dict[str, float]:
+    """Inputs, forward and sampling of a decode step of requests at `contexts` tokens (ms,
+    medians), each timed right after a forward, as the engine runs them (on the compute
+    thread)."""
     model = loaded.model
-    runner, entries, tables = one_request(model, context)
+    runner, entries, tables = decode_step(model, contexts)
     parts: dict[str, list[float]] = {"inputs": [], "forward": [], "sampling": []}
     try:
         for i in range(ITERATIONS + 3):
@@ -101,7 +109,7 @@ def round_trip(loaded: LoadedModel, context: int) -> float:
     """The trip to the compute thread and back around a forward (ms): `compute.run` timed
     from another thread, less the time the forward took inside it."""
     model = loaded.model
-    runner, entries, tables = one_request(model, context)
+    runner, entries, tables = decode_step(model, [context])
     s = compute.run(runner.prepare_inputs, entries, tables)
     inside: list[float] = []
 
@@ -132,25 +140,36 @@ def main() -> None:
     ap.add_argument("--model", help="local HF folder or .gguf (default: the bundled model)")
     ap.add_argument("--prompt", type=int, default=300, help="prompt tokens (default 300)")
     ap.add_argument("--tokens", type=int, default=200, help="tokens generated (default 200)")
+    ap.add_argument("--seqs", type=int, default=1,
+                    help="requests in the step (default 1; more: the bench mix's contexts)")
     a = ap.parse_args()
+    if a.seqs < 1:
+        ap.error("--seqs must be at least 1")
     loaded = LoadedModel.load(a.model)
-    context = a.prompt + a.tokens // 2
+    if a.seqs == 1:
+        contexts = [a.prompt + a.tokens // 2]
+    else:  # as measure.bench.runs.profile_breakdown: the mix's first requests, halfway
+        reqs = make_requests(tokenize_corpus(loaded.tokenizer), a.seqs, 0, (10, 300), (16, 256))
+        contexts = [len(r.prompt_ids) + r.max_tokens // 2 for r in reqs]
     bandwidth = calibrate().bandwidth_gbs
-    engine_ms = engine_steps(loaded, a.prompt, a.tokens)
-    parts = compute.run(step_parts, loaded, context)
-    trip = round_trip(loaded, context)
+    engine_ms = engine_steps(loaded, a.prompt, a.tokens) if a.seqs == 1 else None
+    parts = compute.run(step_parts, loaded, contexts)
+    trip = round_trip(loaded, contexts[0])
     model = loaded.model
     arch = model.arch
     weights = sum(t.numel() * t.element_size() for t in weight_tensors(model))
-    kv = context * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2 * model.dtype.itemsize
-    print(f"batch-1 decode step, {loaded.name} ({model.dtype}), "
-          f"{torch.get_num_threads()} threads, ~{context} tokens of context; "
-          f"calibrated bandwidth {bandwidth:.1f} GB/s; ms (medians; the forward's parts means)")
+    kv = (sum(contexts) * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2
+          * model.dtype.itemsize)
+    step = "batch-1 decode step" if a.seqs == 1 else f"decode step of {a.seqs} sequences"
+    print(f"{step}, {loaded.name} ({model.dtype}), {torch.get_num_threads()} threads, "
+          f"{sum(contexts):,} tokens of context; calibrated bandwidth {bandwidth:.1f} GB/s; "
+          "ms (medians; the forward's parts means)")
 
     def row(label: str, ms: float, note: str = "") -> None:
         print(f"  {label:<48}{ms:7.2f}{note}")
 
-    row("engine step (the bench's decode figure)", engine_ms)
+    if engine_ms is not None:
+        row("engine step (the bench's decode figure)", engine_ms)
     row("to the compute thread and back", trip)
     row("inputs, after a forward", parts["inputs"])
     row("forward", parts["forward"])
@@ -167,6 +186,8 @@ def main() -> None:
         row("  outside it: embedding, final norm, LM head", parts["forward_mean"] - parts["stack"])
     row("sampling, after a forward", parts["sampling"])
     row(f"the weights ({weights / 1e6:.0f} MB) at the calibrated bandwidth", weights / bandwidth / 1e6)
+    if a.seqs > 1:  # the step's floor: every byte it reads, once
+        row(f"with the K/V ({(weights + kv) / 1e6:.0f} MB in all)", (weights + kv) / bandwidth / 1e6)
 
 
 def weight_tensors(model: LlamaModel) -> list[torch.Tensor]:
