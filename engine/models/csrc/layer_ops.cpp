@@ -75,17 +75,13 @@ int64_t grain_rows(int64_t row_elems) {
 #if defined(__AVX512F__)
 // add_rms_norm_impl's row for bfloat16, 16 lanes at a time (n a multiple of 16): the
 // scalar loops below leave the compiler a rounding per element it does not vectorise.
-// The same roundings; the sum of squares in 16 partial sums.
+// The sum of squares in 16 partial sums.
 inline void add_rms_norm_bf16x16(at::BFloat16* xr, const at::BFloat16* dr, const at::BFloat16* w,
                                  at::BFloat16* o, int64_t n, float eps) {
   __m512 ss = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     __m512 v = load16(xr + i);
-    if (dr != nullptr) {
-      const __m512i sum = round_bf16(_mm512_add_ps(v, load16(dr + i)));
-      store16(xr + i, sum);
-      v = widen_bf16(sum);
-    }
+    if (dr != nullptr) v = store16(xr + i, _mm512_add_ps(v, load16(dr + i)));
     ss = _mm512_fmadd_ps(v, v, ss);
   }
   const __m512 inv = _mm512_set1_ps(

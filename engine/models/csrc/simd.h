@@ -30,25 +30,23 @@ inline __m512 load16(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// 16 floats rounded to bfloat16 (to nearest even, as a scalar rounding does), each in the
-// low half of its 32-bit lane
-inline __m512i round_bf16(__m512 v) {
+// 16 floats rounded to bfloat16 (to nearest even) and stored at p; returns the rounded
+// values as floats. With AVX512_BF16 one instruction rounds (subnormals to zero, as the
+// matmul kernel's results); without it the bits are rounded as a scalar rounding does.
+inline __m512 store16(at::BFloat16* p, __m512 v) {
+#if defined(__AVX512BF16__)
+  const __m256i packed = (__m256i)_mm512_cvtneps_pbh(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(packed), 16));
+#else
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  return _mm512_srli_epi32(
+  const __m512i rounded = _mm512_srli_epi32(
       _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-}
-
-// The float32 value of round_bf16's lanes
-inline __m512 widen_bf16(__m512i rounded) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(rounded, 16));
-}
-
-inline void store16(at::BFloat16* p, __m512i rounded) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(rounded, 16));
+#endif
 }
-
-inline void store16(at::BFloat16* p, __m512 v) { store16(p, round_bf16(v)); }
 
 // e^x for x <= 0: 2^(x log2 e) = 2^k * 2^f with |f| <= 1/2, 2^f by its Taylor series to
 // degree 7 (relative error < 1e-8, below float32 rounding), 2^k applied by scalef.
