@@ -1,5 +1,6 @@
 """Time the native CPU kernels alone: decode attention over SmolLM2's shapes against the
-machine's calibrated bandwidth, and the greedy argmax of a step's logits.
+machine's calibrated bandwidth, the layer's elementwise ops, and the greedy argmax of a
+step's logits.
 
 Decode attention: 64 requests with contexts of 20-420 tokens (seeded, about the bench mix's
 contexts halfway through its outputs), 30 layers, bfloat16 (or float32), K/V blocks of 16
@@ -19,6 +20,12 @@ times the two in alternation, pass by pass, so both see the same load on a share
 (the revision's kernel on packed caches too where it reads them, else in rows); the ratio of
 their medians is the figure to trust there.
 
+The layer ops (csrc/layer_ops.cpp: add_rms_norm, rope_write_kv, silu_mul) run at 1, 64 and
+512 rows of SmolLM2's widths with their inputs in cache: what a decode step of 1 or 64
+requests and a prompt chunk spend on them, less the cache misses of a real step (where
+rope_write_kv's K/V stores wait on lines no cache holds). `--against` times the revision's
+layer_ops.cpp beside them.
+
     PYTHONPATH=. python scripts/kernel_bench.py [--dtype bfloat16|float32] [--against REV]
                                                 [--rounds N] [--threads N] [--block-size N]
 """
@@ -36,7 +43,7 @@ from kernel_at import build_at  # scripts/, beside this file
 
 from engine import compute
 from engine.models import native
-from engine.models.attention import pack_caches
+from engine.models.attention import cache_shapes, pack_caches
 from measure.calibrate import calibrate
 
 REQUESTS, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 64, 9, 3, 64, 30
@@ -119,6 +126,54 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
         print(f"  {name:<24}" + "   ".join(cells))
 
 
+def layer_ops(names: list[str], rounds: int, dtype: torch.dtype) -> None:
+    """The layer's elementwise ops at a decode step's and a prompt chunk's rows, inputs in
+    cache (µs, medians of `rounds` x 50 calls, each op namespace in turn)."""
+    packed = native.packed_kv(torch.device("cpu"), dtype, BLOCK, HEAD_DIM, HEADS // KV_HEADS)
+    print(f"layer ops, {dtype}, inputs in cache (K/V stored {'packed' if packed else 'in rows'}); "
+          f"µs a call, medians of {rounds} x 50 calls")
+    for rows in (1, 64, 512):
+        cells = []
+        for op, call in _layer_op_calls(rows, dtype, packed).items():
+            times: dict[str, list[float]] = {n: [] for n in names}
+            for r in range(rounds + 1):
+                for n in names if r % 2 == 0 else names[::-1]:
+                    ns = getattr(torch.ops, n)
+                    start = time.perf_counter()
+                    for _ in range(50):
+                        call(ns)
+                    if r:  # the first round warms up
+                        times[n].append((time.perf_counter() - start) / 50 * 1e6)
+            us = [statistics.median(t) for t in times.values()]
+            cells.append(f"{op} " + " / ".join(f"{u:6.1f}" for u in us)
+                         + (f" ({us[1] / us[0]:.2f}x)" if len(us) == 2 else ""))
+        print(f"  {rows:>3} rows   " + "   ".join(cells))
+    if len(names) == 2:
+        print(f"  (each: {names[0]} / this, and this one's time as a share of it)")
+
+
+def _layer_op_calls(rows: int, dtype: torch.dtype,
+                    packed: bool) -> dict[str, Callable[[object], object]]:
+    """Each layer op on `rows` rows of SmolLM2's widths, as a call taking an op namespace."""
+    g = torch.Generator().manual_seed(rows)
+    hidden, width = HEADS * HEAD_DIM, (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    x, delta = (torch.randn(rows, hidden, generator=g).to(dtype) for _ in range(2))
+    w = torch.randn(hidden, generator=g).to(dtype)
+    qkv = torch.randn(rows, width, generator=g).to(dtype)
+    gate_up = torch.randn(rows, 2 * 1536, generator=g).to(dtype)
+    angles = torch.arange(rows + 100)[:, None] * 0.01 * torch.ones(HEAD_DIM)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    caches = [torch.zeros(s, dtype=dtype)
+              for s in cache_shapes(KV_HEADS, -(-rows // BLOCK), BLOCK, HEAD_DIM, packed)]
+    positions, slots = torch.arange(rows) + 100, torch.arange(rows)
+    return {
+        "add_rms_norm": lambda ns: ns.add_rms_norm(x, delta, w, 1e-5),
+        "rope_write_kv": lambda ns: ns.rope_write_kv(qkv, cos, sin, positions, *caches, slots,
+                                                     HEADS, KV_HEADS),
+        "silu_mul": lambda ns: ns.silu_mul(gate_up),
+    }
+
+
 def _reads(op: Op, caches: Caches) -> bool:
     """Whether `op` takes these caches (a revision before the packed layout does not)."""
     q = torch.zeros(1, HEADS, HEAD_DIM, dtype=caches[0][0].dtype)
@@ -175,6 +230,11 @@ def main() -> None:
     # second thread would start a second OpenMP team, and the two slow each other down
     compute.run(attention, getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs,
                 a.block_size)
+    names = ["batchlens"]
+    if a.against:
+        build_at(a.against, "layer_ops.cpp")
+        names = ["batchlens_ab", "batchlens"]
+    compute.run(layer_ops, names, a.rounds, getattr(torch, a.dtype))
     compute.run(argmax)
 
 
