@@ -119,6 +119,7 @@ inline BlockInit block_init(const at::BFloat16* b) {
 constexpr int64_t kAmxK = 32;     // K per tile step
 constexpr int64_t kAmxRows = 16;  // rows per A and C tile
 constexpr int64_t kLead = 4096;  // bytes of weights fetched ahead into L1, up to 16 rows
+constexpr int64_t kGroupBytes = 256 * 1024;  // weights of a group of blocks, past 32 rows
 
 // Linux hands out the tile state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM)
 bool amx_ready() {
@@ -166,8 +167,9 @@ struct Ahead {
 };
 
 // C tiles for RT row tiles of x (16 rows each, from xr) against one 32-output block wb,
-// stored to c [16 RT][32] float32.
-template <int RT>
+// stored to c [16 RT][32] float32. kStream: the block's B tiles by TILELOADDT1, which
+// leaves them out of L1 for the rows' A tiles to stay there.
+template <int RT, bool kStream = false>
 inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k, float* c,
                      Ahead& ahead) {
   _tile_zero(0);
@@ -198,8 +200,13 @@ inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
   for (; k0 < k; k0 += kAmxK) {
     ahead.step();
     const char* wk = wb + k0 * 64;  // 16 rows of 128 bytes: pairs k0/2 .. k0/2 + 15
-    _tile_loadd(6, wk, 128);
-    _tile_loadd(7, wk + 64, 128);
+    if (kStream) {
+      _tile_stream_loadd(6, wk, 128);
+      _tile_stream_loadd(7, wk + 64, 128);
+    } else {
+      _tile_loadd(6, wk, 128);
+      _tile_loadd(7, wk + 64, 128);
+    }
     _tile_loadd(4, xr + k0 * 2, x_bytes);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
@@ -238,35 +245,57 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
   at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
     amx_configure(static_cast<int>(std::min<int64_t>(mp, kAmxRows)));
     alignas(64) float c[2 * kAmxRows * 32];
-    // Past 16 rows a block's products take as long as its weights take to arrive: its
-    // passes over the rows fetch the next block meanwhile, or each block would wait on
-    // memory first and compute after. A block is k lines of 64 bytes; each pass over it
-    // takes k / 32 slices, so each slice fetches 32 / passes lines of the next block.
+    // Past 16 rows a block's products take as long as its weights take to arrive: the
+    // weights of the blocks to come are fetched into L2 meanwhile, or each block would wait
+    // on memory first and compute after. Past 32 rows (more than one pass over the rows)
+    // the blocks go in groups that stay in L2, each pass over the rows running over the
+    // whole group: a pass's rows (A tiles) then stay in L1 across the group's blocks, whose
+    // B tiles, from L2 on every pass, load around L1. Where each block took its passes in
+    // turn, the A tiles came from L2 for every block and the tile moves cost more than the
+    // products. The first pass fetches the group's next block, a whole block per block
+    // (k / 32 slices of 32 lines); the last pass fetches the next group's first block, a
+    // share per block.
     // Up to 16 rows the tiles wait on memory whatever they do, and their loads alone keep
     // too few reads in flight: each slice fetches the 32 lines kLead bytes ahead into L1, a
     // stream across the thread's blocks.
     const bool fetch_ahead = mp > kAmxRows;
     const int64_t passes = (mp + 2 * kAmxRows - 1) / (2 * kAmxRows);
-    const int64_t lines_per_slice = (kAmxK + passes - 1) / passes;
+    const int64_t block_bytes = k * 64;
+    const int64_t group = passes > 1 ? std::max<int64_t>(1, kGroupBytes / block_bytes) : 1;
     const char* thread_end = reinterpret_cast<const char*>(w + b1 * k * 32);
     if (!fetch_ahead)  // the stream's first kLead bytes
-      for (int64_t c = 0; c < std::min(kLead, k * 64); c += 64)
+      for (int64_t c = 0; c < std::min(kLead, block_bytes); c += 64)
         _mm_prefetch(reinterpret_cast<const char*>(w + b0 * k * 32) + c, _MM_HINT_T0);
-    for (int64_t b = b0; b < b1; ++b) {
-      const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
-      const at::BFloat16* bb = bias != nullptr ? bias + b * 32 : nullptr;
-      const Ahead next{b + 1 < b1 ? wb + k * 64 : nullptr, wb + 2 * k * 64, lines_per_slice,
-                       false};
-      Ahead ahead = fetch_ahead ? next : Ahead{wb + kLead, thread_end, kAmxK, true};
+    for (int64_t g0 = b0; g0 < b1; g0 += group) {
+      const int64_t g1 = std::min(b1, g0 + group), in_group = g1 - g0;
+      const char* next_group = reinterpret_cast<const char*>(w + g1 * k * 32);
+      const int64_t share = (k + in_group - 1) / in_group * 64;  // of its first block
       for (int64_t r = 0; r < mp; r += 2 * kAmxRows) {
         const char* xr = reinterpret_cast<const char*>(x + r * xs);
         const int64_t tiles = mp - r >= 2 * kAmxRows ? 2 : 1;
-        if (tiles == 2)
-          amx_tile<2>(xr, x_bytes, wb, k, c, ahead);
-        else
-          amx_tile<1>(xr, x_bytes, wb, k, c, ahead);
-        const int64_t rows = m - r < tiles * kAmxRows ? m - r : tiles * kAmxRows;
-        amx_write(c, rows, bb, y + r * n + b * 32, n);
+        const bool first = r == 0, last = r + 2 * kAmxRows >= mp;
+        for (int64_t b = g0; b < g1; ++b) {
+          const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
+          const at::BFloat16* bb = bias != nullptr ? bias + b * 32 : nullptr;
+          Ahead ahead{nullptr, nullptr, 0, false};
+          if (!fetch_ahead) {
+            ahead = Ahead{wb + kLead, thread_end, kAmxK, true};
+          } else if (first && b + 1 < g1) {
+            ahead = Ahead{wb + block_bytes, wb + 2 * block_bytes, kAmxK, false};
+          } else if (last && g1 < b1) {
+            const char* from = next_group + (b - g0) * share;
+            ahead = Ahead{from, std::min(from + share, next_group + block_bytes),
+                          (kAmxK + in_group - 1) / in_group, false};
+          }
+          if (tiles == 1)
+            amx_tile<1>(xr, x_bytes, wb, k, c, ahead);
+          else if (passes > 1)
+            amx_tile<2, true>(xr, x_bytes, wb, k, c, ahead);
+          else
+            amx_tile<2>(xr, x_bytes, wb, k, c, ahead);
+          const int64_t rows = m - r < tiles * kAmxRows ? m - r : tiles * kAmxRows;
+          amx_write(c, rows, bb, y + r * n + b * 32, n);
+        }
       }
     }
     _tile_release();
