@@ -250,9 +250,9 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
     // on memory first and compute after. Past 32 rows (more than one pass over the rows)
     // the blocks go in groups that stay in L2, each pass over the rows running over the
     // whole group: a pass's rows (A tiles) then stay in L1 across the group's blocks, whose
-    // B tiles, from L2 on every pass, load around L1. Where each block took its passes in
-    // turn, the A tiles came from L2 for every block and the tile moves cost more than the
-    // products. The first pass fetches the group's next block, a whole block per block
+    // B tiles, from L2 on every pass, load around L1. A block taking all its passes in turn
+    // would load the A tiles from L2 for every block, and those tile moves cost more than
+    // the products. The first pass fetches the group's next block, a whole block per block
     // (k / 32 slices of 32 lines); the last pass fetches the next group's first block, a
     // share per block.
     // Up to 16 rows the tiles wait on memory whatever they do, and their loads alone keep
