@@ -250,11 +250,11 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
     // on memory first and compute after. Past 32 rows (more than one pass over the rows)
     // the blocks go in groups that stay in L2, each pass over the rows running over the
     // whole group: a pass's rows (A tiles) then stay in L1 across the group's blocks, whose
-    // B tiles, from L2 on every pass, load around L1. A block taking all its passes in turn
-    // would load the A tiles from L2 for every block, and those tile moves cost more than
-    // the products. The first pass fetches the group's next block, a whole block per block
-    // (k / 32 slices of 32 lines); the last pass fetches the next group's first block, a
-    // share per block.
+    // B tiles, from L2 on every pass, load around L1 (as they do in a single pass, read
+    // once). A block taking all its passes in turn would load the A tiles from L2 for every
+    // block, and those tile moves cost more than the products. The first pass fetches the
+    // group's next block, a whole block per block (k / 32 slices of 32 lines); the last
+    // pass fetches the next group's first block, a share per block.
     // Up to 16 rows the tiles wait on memory whatever they do, and their loads alone keep
     // too few reads in flight: each slice fetches the 32 lines kLead bytes ahead into L1, a
     // stream across the thread's blocks.
@@ -289,10 +289,8 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
           }
           if (tiles == 1)
             amx_tile<1>(xr, x_bytes, wb, k, c, ahead);
-          else if (passes > 1)
-            amx_tile<2, true>(xr, x_bytes, wb, k, c, ahead);
           else
-            amx_tile<2>(xr, x_bytes, wb, k, c, ahead);
+            amx_tile<2, true>(xr, x_bytes, wb, k, c, ahead);
           const int64_t rows = m - r < tiles * kAmxRows ? m - r : tiles * kAmxRows;
           amx_write(c, rows, bb, y + r * n + b * 32, n);
         }
