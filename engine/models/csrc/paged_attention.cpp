@@ -1005,6 +1005,16 @@ bool decode_avx2_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
 }
 #endif
 
+// The path BATCHLENS_KERNEL_PATH forces: avx2 or portable, a slower one on purpose (tests,
+// measuring); empty where it is unset
+std::string forced_path() {
+  const char* forced = std::getenv("BATCHLENS_KERNEL_PATH");
+  const std::string path = forced ? forced : "";
+  TORCH_CHECK(path.empty() || path == "avx2" || path == "portable",
+              "BATCHLENS_KERNEL_PATH must be unset, avx2 or portable, got ", path);
+  return path;
+}
+
 }  // namespace
 
 namespace batchlens {
@@ -1017,8 +1027,7 @@ bool paged_packed_supported(int64_t head_dim, int64_t group, int64_t block_size)
 bool attention_stores_kv(const at::Tensor& k_cache, int64_t num_heads,
                          const at::Tensor& block_tables, const at::Tensor& context_lens,
                          const at::Tensor& slot_mapping) {
-  if (k_cache.dim() != 5 || k_cache.scalar_type() != at::kBFloat16 ||
-      std::getenv("BATCHLENS_KERNEL_PATH") != nullptr)
+  if (k_cache.dim() != 5 || k_cache.scalar_type() != at::kBFloat16 || !forced_path().empty())
     return false;
   const int64_t KVH = k_cache.size(0), D = k_cache.size(2) * 2, BS = k_cache.size(3);
   if (num_heads % KVH != 0 || !paged_packed_supported(D, num_heads / KVH, BS)) return false;
@@ -1085,11 +1094,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto qc = q.stride(2) == 1 && q.stride(1) == D ? q : q.contiguous();
   auto out = at::empty({S, H, D}, q.options());
   const float sc = static_cast<float>(scale);
-  // BATCHLENS_KERNEL_PATH=avx2 or portable: a slower path on purpose (tests, measuring)
-  const char* forced = std::getenv("BATCHLENS_KERNEL_PATH");
-  const std::string path = forced ? forced : "";
-  TORCH_CHECK(path.empty() || path == "avx2" || path == "portable",
-              "BATCHLENS_KERNEL_PATH must be unset, avx2 or portable, got ", path);
+  const std::string path = forced_path();
 #define BATCHLENS_TRY(any, T)                                                                  \
   if (qc.scalar_type() == c10::CppTypeToScalarType<T>::value &&                                \
       any<T>(qc.data_ptr<T>(), qc.stride(0), kc.data_ptr<T>(), vc.data_ptr<T>(), tp, lp,       \
