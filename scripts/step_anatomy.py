@@ -40,7 +40,7 @@ from engine.models.llama import LlamaModel
 from engine.models.loaded import LoadedModel
 from engine.runner import ModelRunner
 from measure.bench.breakdown import BLOCK_SIZE, cached_sequence
-from measure.bench.requests import make_requests, tokenize_corpus
+from measure.bench.requests import MIX_MAX_TOKENS, MIX_PROMPT_LEN, make_requests, tokenize_corpus
 from measure.calibrate import calibrate
 
 ITERATIONS = 60
@@ -149,7 +149,8 @@ def main() -> None:
     if a.seqs == 1:
         contexts = [a.prompt + a.tokens // 2]
     else:  # as measure.bench.runs.profile_breakdown: the mix's first requests, halfway
-        reqs = make_requests(tokenize_corpus(loaded.tokenizer), a.seqs, 0, (10, 300), (16, 256))
+        reqs = make_requests(tokenize_corpus(loaded.tokenizer), a.seqs, 0, MIX_PROMPT_LEN,
+                             MIX_MAX_TOKENS)
         contexts = [len(r.prompt_ids) + r.max_tokens // 2 for r in reqs]
     bandwidth = calibrate().bandwidth_gbs
     engine_ms = engine_steps(loaded, a.prompt, a.tokens) if a.seqs == 1 else None

@@ -20,7 +20,14 @@ from engine.models import native
 from engine.models.loaded import LoadedModel
 from measure.bench import llamacpp
 from measure.bench.report import device_of, report, report_saved, roofline_floor, save_json
-from measure.bench.requests import make_requests, tokenize_corpus
+from measure.bench.requests import (
+    MIX_MAX_TOKENS,
+    MIX_PROMPT_LEN,
+    QUICK_MAX_TOKENS,
+    QUICK_PROMPT_LEN,
+    make_requests,
+    tokenize_corpus,
+)
 from measure.bench.runs import RUNS, BenchContext, RunResult
 from measure.calibrate import best_of, calibrate
 from workloads.cpu_load import cpu_sample, others_busy
@@ -65,7 +72,8 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
     a.n = (16 if a.quick else 64) if a.requests is None else a.requests
     if a.n < 1 or (a.threads is not None and a.threads < 1):
         ap.error("--requests and --threads must be >= 1")
-    a.prompt_len, a.max_tok = ((10, 100), (8, 48)) if a.quick else ((10, 300), (16, 256))
+    a.prompt_len, a.max_tok = ((QUICK_PROMPT_LEN, QUICK_MAX_TOKENS) if a.quick
+                              else (MIX_PROMPT_LEN, MIX_MAX_TOKENS))
     default = (1, 8, 16) if a.quick else (1, 8, 32, 64)
     try:
         conc = [int(c) for c in a.concurrency.split(",")] if a.concurrency else default

@@ -34,7 +34,15 @@ from engine.engine import Engine
 from engine.local import LOCAL_BLOCK, LocalPC
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput
-from measure.bench.requests import BenchRequest, make_requests, tokenize_corpus
+from measure.bench.requests import (
+    MIX_MAX_TOKENS,
+    MIX_PROMPT_LEN,
+    QUICK_MAX_TOKENS,
+    QUICK_PROMPT_LEN,
+    BenchRequest,
+    make_requests,
+    tokenize_corpus,
+)
 from workloads.cpu_load import cpu_sample, others_busy
 
 PROG = "batchlens bench parallel"
@@ -100,7 +108,8 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
     if bad := set(a.sides) - {"engine", "local"}:
         ap.error(f"--sides: unknown sides {sorted(bad)}; choose from engine,local")
     # the bench's own lengths (measure.bench.cli)
-    a.prompt_len, a.max_tok = ((10, 100), (8, 48)) if a.quick else ((10, 300), (16, 256))
+    a.prompt_len, a.max_tok = ((QUICK_PROMPT_LEN, QUICK_MAX_TOKENS) if a.quick
+                              else (MIX_PROMPT_LEN, MIX_MAX_TOKENS))
     return a
 
 

@@ -27,6 +27,10 @@ TEXT = (
     "along the towpaths where horses once pulled heavy boats upstream against the current."
 )
 
+# the mix's prompt and output lengths in tokens (inclusive ranges): the full bench, --quick
+MIX_PROMPT_LEN, MIX_MAX_TOKENS = (10, 300), (16, 256)
+QUICK_PROMPT_LEN, QUICK_MAX_TOKENS = (10, 100), (8, 48)
+
 
 @dataclass(frozen=True)
 class BenchRequest:

@@ -47,7 +47,13 @@ import httpx
 
 from engine.config import SamplingParams
 from engine.metrics import RequestMetrics, goodput, percentile, summarize
-from measure.bench.requests import BenchRequest, make_requests, tokenize_corpus
+from measure.bench.requests import (
+    MIX_MAX_TOKENS,
+    MIX_PROMPT_LEN,
+    BenchRequest,
+    make_requests,
+    tokenize_corpus,
+)
 from server import stream_client
 from server.connections import async_client
 from server.remote_metrics import metrics_url, samples
@@ -61,8 +67,6 @@ DATASETS = ("bundled", "random", "bench-mix")
 SLO_KEYS = ("ttft", "tpot")
 TIMEOUT_S = 300.0
 PERCENTILES = (50, 90, 99)
-# the bench's mix (`batchlens bench` without --quick): prompt and output lengths
-BENCH_MIX_PROMPT_LEN, BENCH_MIX_MAX_TOKENS = (10, 300), (16, 256)
 # Prometheus histograms whose sum / count give the server's means, by suffix (any prefix)
 # (older vLLM and SGLang call the inter-token one time_per_output_token_seconds)
 SERVER_HISTOGRAMS = {"ttft": ("time_to_first_token_seconds",),
@@ -433,8 +437,8 @@ def random_requests(vocab: Sequence[int], n: int, input_len: int, output_len: in
 
 def bench_mix_requests(tokenizer: Any, n: int, seed: int = 0) -> list[LoadRequest]:
     """The in-process bench's request mix (`batchlens bench`, 64 by default) as ids."""
-    return from_bench(make_requests(tokenize_corpus(tokenizer), n, seed,
-                                    BENCH_MIX_PROMPT_LEN, BENCH_MIX_MAX_TOKENS))
+    return from_bench(make_requests(tokenize_corpus(tokenizer), n, seed, MIX_PROMPT_LEN,
+                                    MIX_MAX_TOKENS))
 
 
 def from_bench(reqs: Sequence[BenchRequest]) -> list[LoadRequest]:
