@@ -33,6 +33,7 @@ from engine.attention.common import DecodeRows, Entries, InputBuilder, StepInput
 from engine.attention.cuda_graphs import PaddedDecode
 from engine.attention.paged_kernel import PagedKernelBackend
 from engine.attention.torch_grouped import Gather, TorchGroupedBackend
+from engine.memory import pages
 from engine.models import native, paged_decode
 from engine.models.attention import AttentionMetadata, cache_shapes
 from engine.models.llama import LlamaModel, ModelArch
@@ -102,8 +103,8 @@ class ModelRunner:
                                         arch.head_dim, packed)
         return [
             (
-                torch.zeros(k_shape, dtype=model.dtype, device=model.device),
-                torch.zeros(v_shape, dtype=model.dtype, device=model.device),
+                pages.zeros(k_shape, model.dtype, model.device),
+                pages.zeros(v_shape, model.dtype, model.device),
             )
             for _ in range(arch.num_layers)
         ]

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.memory import pages
 from engine.models import loader, native
 from engine.models.attention import AttentionMetadata, paged_attention, write_kv
 from engine.models.linear import Linear, should_pack, should_pack_lm_head
@@ -144,6 +145,13 @@ class LlamaModel:
         # (`engine.attention.common.row_bucket`)
         linears = [self.lm_head] + [lin for layer in self.layers
                                     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        # the weights a step streams, on 2 MiB pages in one buffer (engine.memory.pages)
+        streamed = [lin for lin in linears if not lin.packed]
+        for lin, moved in zip(streamed, pages.gathered([lin.weight for lin in streamed]),
+                              strict=True):
+            if lin.weight is self.embed:  # tied, unpacked: the lookups read the copy too
+                self.embed = moved
+            lin.weight = moved
         self.cpu_onednn_matmuls = device.type == "cpu" and any(
             lin.packed or (dtype != torch.float32 and not lin.kernel) for lin in linears)
         # every layer in one native call (csrc/decoder.cpp) where each of its matmuls is the
