@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from kernel_at import build_at  # scripts/, beside this file
 
+from engine.memory import pages
 from engine.models import native
 from engine.models.linear import Linear, pack_for_kernel
 
@@ -61,6 +62,9 @@ def main() -> None:
            for _ in range(LAYERS)]
     onednn = [[Linear(w, pack=True) for w in layer] for layer in raw]
     ours = [[Linear(w, kernel=True) for w in layer] for layer in raw]
+    flat = [lin for layer in ours for lin in layer]
+    for lin, w in zip(flat, pages.gathered([lin.weight for lin in flat]), strict=True):
+        lin.weight = w  # on 2 MiB pages in one buffer, as a model's are
     x = torch.randn(37, 576, generator=gen).bfloat16()
     exact = x.double() @ raw[0][2].double().T
     err = ((ours[0][2](x).double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
@@ -92,6 +96,7 @@ def against(rev: str, rows: list[int], rounds: int) -> None:
     weights = [pack_for_kernel(torch.randn(o, i, generator=gen).bfloat16())
                for _ in range(LAYERS) for o, i in SHAPES]
     weights.append(pack_for_kernel(torch.randn(*LM_HEAD, generator=gen).bfloat16()))
+    weights = pages.gathered(weights)  # on 2 MiB pages in one buffer, as a model's are
     nbytes = sum(w.numel() * 2 for w in weights)
     print(f"{len(weights)} matmuls of SmolLM2-135M (the layers and the LM head, "
           f"{nbytes / 1e6:.0f} MB), bfloat16, {torch.get_num_threads()} threads; medians of "

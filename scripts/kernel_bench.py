@@ -42,6 +42,7 @@ import torch
 from kernel_at import build_at  # scripts/, beside this file
 
 from engine import compute
+from engine.memory import pages
 from engine.models import native
 from engine.models.attention import cache_shapes, pack_caches
 from measure.calibrate import calibrate
@@ -95,7 +96,9 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
                torch.randn(KV_HEADS, pool, block, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
     per_key = LAYERS * 2 * KV_HEADS * HEAD_DIM * caches[0][0].element_size()
     packed = native.packed_kv(torch.device("cpu"), dtype, block, HEAD_DIM, HEADS // KV_HEADS)
-    packs = [pack_caches(k, v) for k, v in caches] if packed else caches
+    caches = [tuple(pages.gathered(list(kv))) for kv in caches]  # as the engine's pool is
+    packs = [tuple(pages.gathered(list(pack_caches(k, v)))) for k, v in caches] if packed \
+        else caches
     layouts = {name: packs if _reads(op, packs) else caches for name, op in ops.items()}
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
           f"{sum(lens) * per_key / 1e6:.0f} MB of K/V in blocks of {block} tokens (this kernel's "
