@@ -11,6 +11,7 @@ transparent huge pages off, under 2 MiB) it is plain `torch.empty`.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import mmap
 import sys
@@ -58,7 +59,7 @@ def gathered(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     (a model's matmuls are mostly under 2 MiB each, so apart they would get none), where
     `empty` gives them; else `tensors` as they are. The buffer lives while any copy does."""
     sizes = [t.numel() * t.element_size() for t in tensors]
-    starts = [sum(-(-n // 64) * 64 for n in sizes[:i]) for i in range(len(sizes))]
+    starts = list(itertools.accumulate((-(-n // 64) * 64 for n in sizes[:-1]), initial=0))
     if (not tensors or any(t.device.type != "cpu" for t in tensors) or not available()
             or starts[-1] + sizes[-1] < HUGE_PAGE):
         return list(tensors)
