@@ -27,12 +27,9 @@ from pathlib import Path
 from engine import Engine, EngineConfig, LoadedModel, SamplingParams, summarize
 from measure.bench.report import format_table
 from measure.bench.requests import (
-    MIX_MAX_TOKENS,
-    MIX_PROMPT_LEN,
-    QUICK_MAX_TOKENS,
-    QUICK_PROMPT_LEN,
     BenchRequest,
     make_requests,
+    mix_lengths,
     tokenize_corpus,
 )
 from measure.bench.runs import RunResult
@@ -97,8 +94,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     n = (16 if a.quick else 64) if a.requests is None else a.requests
     if n < 1 or a.repeat < 1:
         ap.error("--requests and --repeat must be >= 1")
-    prompt_len, max_tok = ((QUICK_PROMPT_LEN, QUICK_MAX_TOKENS) if a.quick
-                          else (MIX_PROMPT_LEN, MIX_MAX_TOKENS))
+    prompt_len, max_tok = mix_lengths(a.quick)
     print("loading model ...", file=sys.stderr, flush=True)
     loaded = LoadedModel.load(None)
     reqs = make_requests(tokenize_corpus(loaded.tokenizer), n, a.seed, prompt_len, max_tok)

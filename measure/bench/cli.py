@@ -21,11 +21,8 @@ from engine.models.loaded import LoadedModel
 from measure.bench import llamacpp
 from measure.bench.report import device_of, report, report_saved, roofline_floor, save_json
 from measure.bench.requests import (
-    MIX_MAX_TOKENS,
-    MIX_PROMPT_LEN,
-    QUICK_MAX_TOKENS,
-    QUICK_PROMPT_LEN,
     make_requests,
+    mix_lengths,
     tokenize_corpus,
 )
 from measure.bench.runs import RUNS, BenchContext, RunResult
@@ -72,8 +69,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
     a.n = (16 if a.quick else 64) if a.requests is None else a.requests
     if a.n < 1 or (a.threads is not None and a.threads < 1):
         ap.error("--requests and --threads must be >= 1")
-    a.prompt_len, a.max_tok = ((QUICK_PROMPT_LEN, QUICK_MAX_TOKENS) if a.quick
-                              else (MIX_PROMPT_LEN, MIX_MAX_TOKENS))
+    a.prompt_len, a.max_tok = mix_lengths(a.quick)
     default = (1, 8, 16) if a.quick else (1, 8, 32, 64)
     try:
         conc = [int(c) for c in a.concurrency.split(",")] if a.concurrency else default

@@ -35,12 +35,9 @@ from engine.local import LOCAL_BLOCK, LocalPC
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput
 from measure.bench.requests import (
-    MIX_MAX_TOKENS,
-    MIX_PROMPT_LEN,
-    QUICK_MAX_TOKENS,
-    QUICK_PROMPT_LEN,
     BenchRequest,
     make_requests,
+    mix_lengths,
     tokenize_corpus,
 )
 from workloads.cpu_load import cpu_sample, others_busy
@@ -108,8 +105,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
     if bad := set(a.sides) - {"engine", "local"}:
         ap.error(f"--sides: unknown sides {sorted(bad)}; choose from engine,local")
     # the bench's own lengths (measure.bench.cli)
-    a.prompt_len, a.max_tok = ((QUICK_PROMPT_LEN, QUICK_MAX_TOKENS) if a.quick
-                              else (MIX_PROMPT_LEN, MIX_MAX_TOKENS))
+    a.prompt_len, a.max_tok = mix_lengths(a.quick)
     return a
 
 

@@ -32,6 +32,11 @@ MIX_PROMPT_LEN, MIX_MAX_TOKENS = (10, 300), (16, 256)
 QUICK_PROMPT_LEN, QUICK_MAX_TOKENS = (10, 100), (8, 48)
 
 
+def mix_lengths(quick: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The mix's (prompt, max_tokens) length ranges: --quick's, or the full bench's."""
+    return (QUICK_PROMPT_LEN, QUICK_MAX_TOKENS) if quick else (MIX_PROMPT_LEN, MIX_MAX_TOKENS)
+
+
 @dataclass(frozen=True)
 class BenchRequest:
     """One benchmark request: prompt token ids and the exact number of tokens to generate."""
