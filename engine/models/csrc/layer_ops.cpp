@@ -347,8 +347,7 @@ int64_t argmax_row(const T* x, int64_t n) {
       const __m512i step = _mm512_set1_epi32(16);
       int64_t j = 0;
       for (; j + 16 <= n; j += 16) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
-        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+        const __m512 v = load16(x + j);
         if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) break;  // a NaN: the scalar loop finds it
         const __mmask16 gt = _mm512_cmp_ps_mask(v, vmax, _CMP_GT_OQ);
         vmax = _mm512_mask_mov_ps(vmax, gt, v);

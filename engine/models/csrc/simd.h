@@ -23,11 +23,15 @@ inline float to_f(at::BFloat16 x) {
 #endif
 
 #if defined(__AVX512F__)
-// 16 elements -> 16 floats (bfloat16 is the top half of a float32)
+// 16 bfloat16 bit patterns -> 16 floats (bfloat16 is the top half of a float32)
+inline __m512 widen16(__m256i raw) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// 16 elements -> 16 floats
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // 16 floats rounded to bfloat16 (to nearest even) and stored at p; returns the rounded
@@ -37,7 +41,7 @@ inline __m512 store16(at::BFloat16* p, __m512 v) {
 #if defined(__AVX512BF16__)
   const __m256i packed = (__m256i)_mm512_cvtneps_pbh(v);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(packed), 16));
+  return widen16(packed);
 #else
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
