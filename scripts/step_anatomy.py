@@ -151,7 +151,7 @@ def main() -> None:
     else:  # as measure.bench.runs.profile_breakdown: the mix's first requests, halfway
         reqs = make_requests(tokenize_corpus(loaded.tokenizer), a.seqs, 0, MIX_PROMPT_LEN,
                              MIX_MAX_TOKENS)
-        contexts = [len(r.prompt_ids) + r.max_tokens // 2 for r in reqs]
+        contexts = [r.halfway_context for r in reqs]
     bandwidth = calibrate().bandwidth_gbs
     engine_ms = engine_steps(loaded, a.prompt, a.tokens) if a.seqs == 1 else None
     parts = compute.run(step_parts, loaded, contexts)

@@ -44,6 +44,12 @@ class BenchRequest:
     prompt_ids: tuple[int, ...]
     max_tokens: int
 
+    @property
+    def halfway_context(self) -> int:
+        """Its tokens of context halfway through its output: the bench's profiled decode
+        step has its requests there (`measure.bench.runs.profile_breakdown`)."""
+        return len(self.prompt_ids) + self.max_tokens // 2
+
 
 def make_requests(
     corpus_ids: list[int], n: int, seed: int, prompt_len: tuple[int, int],

@@ -210,7 +210,7 @@ def profile_breakdown(ctx: BenchContext, concurrency: int) -> list[dict[str, Any
     from measure.bench import breakdown
 
     reqs = ctx.requests[:concurrency]
-    contexts = [len(r.prompt_ids) + r.max_tokens // 2 for r in reqs]
+    contexts = [r.halfway_context for r in reqs]
     prompts = [len(r.prompt_ids) for r in ctx.requests[concurrency:] + ctx.requests]
     print("  profiling a decode step and a mixed step ...", file=sys.stderr, flush=True)
     return [asdict(p) for p in breakdown.profile_steps(ctx.loaded, contexts, prompts)]
