@@ -24,6 +24,7 @@ tables) come from one `InputBuilder` (engine/attention/common.py).
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -35,7 +36,7 @@ from engine.attention.paged_kernel import PagedKernelBackend
 from engine.attention.torch_grouped import Gather, TorchGroupedBackend
 from engine.memory import pages
 from engine.models import native, paged_decode
-from engine.models.attention import AttentionMetadata, cache_shapes
+from engine.models.attention import AttentionMetadata, cache_shapes, packed_caches
 from engine.models.llama import LlamaModel, ModelArch
 from engine.models.native import PagedDecode
 from engine.sampler import (
@@ -99,8 +100,11 @@ class ModelRunner:
         model = self.model
         packed = native.packed_kv(model.device, model.dtype, block_size, arch.head_dim,
                                   arch.num_heads // arch.num_kv_heads)
-        k_shape, v_shape = cache_shapes(arch.num_kv_heads, num_blocks, block_size,
-                                        arch.head_dim, packed)
+        dims = (arch.num_kv_heads, num_blocks, block_size, arch.head_dim)
+        if packed:  # K and V views of one pool per layer (see attention.py)
+            return [packed_caches(pages.zeros((2 * math.prod(dims),), model.dtype), *dims)
+                    for _ in range(arch.num_layers)]
+        k_shape, v_shape = cache_shapes(*dims, packed)
         return [
             (
                 pages.zeros(k_shape, model.dtype, model.device),

@@ -17,15 +17,19 @@ HEADERS = ("simd.h", "kernels.h")
 NEEDS = {"paged_attention.cpp": ("bf16_gemm.cpp",)}
 
 
+def source_at(rev: str, name: str) -> str:
+    """csrc/`name` as it is at git revision `rev`."""
+    return subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout
+
+
 def build_at(rev: str, source: str) -> None:
     """Build csrc/`source` as it is at git revision `rev`, its ops registered under
     torch.ops.batchlens_ab (built once per source into the kernel cache)."""
     from torch.utils.cpp_extension import load
 
     sources = (source, *NEEDS.get(source, ()))
-    src = {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
-                                capture_output=True, text=True).stdout
-           for name in (*sources, *HEADERS)}
+    src = {name: source_at(rev, name) for name in (*sources, *HEADERS)}
     # its own op namespace and C++ namespace, so neither clashes with the current build's
     for name in (*sources, "kernels.h"):
         text = re.sub(r"TORCH_LIBRARY(\w*)\(batchlens,", r"TORCH_LIBRARY\1(batchlens_ab,",

@@ -14,10 +14,12 @@ the median of `--rounds` passes over all layers after a warm-up, in GB/s of K/V 
 a share of `measure.calibrate`'s bandwidth, measured in the same run.
 
 The current kernel reads the caches as the engine lays them out here: packed where its AMX
-path serves (`native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps rows), else in rows.
+path serves (`native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps rows), K and V as views of one
+pool (`attention.packed_caches`), else in rows.
 `--against REV` builds the kernel source of a git revision beside the current one and
 times the two in alternation, pass by pass, so both see the same load on a shared machine
-(the revision's kernel on packed caches too where it reads them, else in rows); the ratio of
+(the revision's kernel on its engine's layout: packed where it reads them, in one pool where
+its kernel has the pool's strides, else in rows); the ratio of
 their medians is the figure to trust there.
 
 The layer ops (csrc/layer_ops.cpp: add_rms_norm, rope_write_kv, silu_mul) run at 1, 64 and
@@ -39,12 +41,12 @@ import time
 from collections.abc import Callable
 
 import torch
-from kernel_at import build_at  # scripts/, beside this file
+from kernel_at import build_at, source_at  # scripts/, beside this file
 
 from engine import compute
 from engine.memory import pages
 from engine.models import native
-from engine.models.attention import cache_shapes, pack_caches
+from engine.models.attention import cache_shapes, pack_caches, packed_caches
 from measure.calibrate import calibrate
 
 REQUESTS, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 64, 9, 3, 64, 30
@@ -88,7 +90,9 @@ def passes(ops: dict[str, tuple[Op, Caches]], args: tuple, rounds: int) -> dict[
 
 
 def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: float,
-              block: int = BLOCK) -> None:
+              block: int = BLOCK, pooled: frozenset[str] = frozenset({"this"})) -> None:
+    """Decode attention over the cases of the module docstring; `pooled`: the ops that read
+    packed K and V as views of one pool (the engine's layout since it has one), not apart."""
     rng = random.Random(0)
     lens = sorted(rng.randint(20, 420) for _ in range(REQUESTS))
     pool = sum(-(-n // block) for n in lens) + 1
@@ -96,10 +100,12 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
                torch.randn(KV_HEADS, pool, block, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
     per_key = LAYERS * 2 * KV_HEADS * HEAD_DIM * caches[0][0].element_size()
     packed = native.packed_kv(torch.device("cpu"), dtype, block, HEAD_DIM, HEADS // KV_HEADS)
-    caches = [tuple(pages.gathered(list(kv))) for kv in caches]  # as the engine's pool is
+    caches = [tuple(pages.gathered(list(kv))) for kv in caches]  # on 2 MiB pages, as the pool
     packs = [tuple(pages.gathered(list(pack_caches(k, v)))) for k, v in caches] if packed \
         else caches
-    layouts = {name: packs if _reads(op, packs) else caches for name, op in ops.items()}
+    pools = [_pooled(k, v) for k, v in caches] if packed else caches
+    layouts = {name: (pools if name in pooled else packs) if _reads(op, packs) else caches
+               for name, op in ops.items()}
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
           f"{sum(lens) * per_key / 1e6:.0f} MB of K/V in blocks of {block} tokens (this kernel's "
           f"{'packed' if packed else 'in rows'}); medians of {rounds} passes; "
@@ -177,6 +183,15 @@ def _layer_op_calls(rows: int, dtype: torch.dtype,
     }
 
 
+def _pooled(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed K and V as the engine's runner holds them: views of one pool on 2 MiB pages."""
+    kvh, nb, bs, d = k.shape
+    views = packed_caches(pages.zeros((2 * k.numel(),), k.dtype), kvh, nb, bs, d)
+    for view, packed in zip(views, pack_caches(k, v), strict=True):
+        view.copy_(packed)
+    return views
+
+
 def _reads(op: Op, caches: Caches) -> bool:
     """Whether `op` takes these caches (a revision before the packed layout does not)."""
     q = torch.zeros(1, HEADS, HEAD_DIM, dtype=caches[0][0].dtype)
@@ -231,8 +246,12 @@ def main() -> None:
     cal = calibrate()
     # on the compute thread, as the engine runs them and as `calibrate` measured: ops from a
     # second thread would start a second OpenMP team, and the two slow each other down
+    # a revision from before the pool reads K and V apart (its engine's layout; given views
+    # of a pool it would copy them whole every call)
+    pooled = {"this"} | ({a.against} if a.against and "block_strides" in source_at(
+        a.against, "kernels.h") else set())
     compute.run(attention, getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs,
-                a.block_size)
+                a.block_size, frozenset(pooled))
     names = ["batchlens"]
     if a.against:
         build_at(a.against, "layer_ops.cpp")

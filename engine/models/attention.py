@@ -19,6 +19,14 @@ pairs, so the kernel reads 16 keys' K and V as tiles where they lie::
     v_cache[kv_head, block, offset // 2, d, offset % 2]   [kvh, num_blocks, block_size/2, d, 2]
 
 Blocks are on dim 1 in both layouts: a copy of whole blocks need not know which it is.
+Packed K and V are views of one pool tensor per layer (`packed_caches`), each kv head's K
+block beside its V block, block after block::
+
+    pool[block, kv_head, k_or_v, ...]                     [num_blocks, kvh, 2, block_size * d]
+
+so what the kernel reads of one (request, kv head) per block is one run of 4 KiB (16 keys
+of 64 dims), not two of 2 KiB in tensors far apart: a block table shuffled over the pool
+then costs about a tenth less time than with K and V apart (docs/benchmarks.md).
 
 The flat batch of one step is ordered: all decode tokens first (one per request),
 then each prefill chunk. Decode tokens are attended in one padded call for the whole
@@ -101,6 +109,21 @@ def cache_shapes(num_kv_heads: int, num_blocks: int, block_size: int, head_dim: 
     return shape, shape
 
 
+def packed_caches(pool: torch.Tensor, num_kv_heads: int, num_blocks: int, block_size: int,
+                  head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed K and V (`cache_shapes`) as views of one layer's `pool` of
+    num_blocks x kvh x 2 x block_size x head_dim elements: [block, kv head, K or V]."""
+    kvh, nb, bs, d = num_kv_heads, num_blocks, block_size, head_dim
+    if pool.numel() != nb * kvh * 2 * bs * d or not pool.is_contiguous():
+        raise ValueError(f"pool must be {nb} x {kvh} x 2 x {bs} x {d} contiguous elements, "
+                         f"got {tuple(pool.shape)}")
+    head, block = 2 * bs * d, kvh * 2 * bs * d
+    k_shape, v_shape = cache_shapes(kvh, nb, bs, d, True)
+    k = pool.as_strided(k_shape, (head, block, 2 * bs, 2, 1), pool.storage_offset())
+    v = pool.as_strided(v_shape, (head, block, 2 * d, 2, 1), pool.storage_offset() + bs * d)
+    return k, v
+
+
 def cache_dims(k_cache: torch.Tensor) -> tuple[int, int, int, int]:
     """(kv heads, blocks, block size, head_dim) of a K cache in either layout."""
     if k_cache.dim() == 5:
@@ -146,7 +169,10 @@ def gather_kv(cache: torch.Tensor, index: torch.Tensor, num_seqs: int,
     """Read blocks by a `gather_index`: [kvh, S, max_blocks * block_size, d]. `values`: the
     cache is a V cache (packed K and V differ; in rows they do not)."""
     kvh, nb = cache.shape[:2]
-    rows = cache.view(kvh * nb, -1).index_select(0, index)
+    if cache.is_contiguous():
+        rows = cache.view(kvh * nb, -1).index_select(0, index)
+    else:  # a view of a packed pool (packed_caches): heads and blocks do not merge
+        rows = cache.flatten(2)[index // nb, index % nb]
     if cache.dim() == 4:
         return rows.view(kvh, num_seqs, -1, cache.shape[3])
     if values:  # [.., bs/2, d, 2] -> [.., bs/2, 2, d]

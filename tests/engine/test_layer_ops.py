@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import native
-from engine.models.attention import cache_shapes, pack_caches
+from engine.models.attention import cache_shapes, pack_caches, packed_caches
 
 
 @pytest.fixture(autouse=True)
@@ -70,9 +70,11 @@ def test_rope_write_kv_rotates_q_and_k_in_place_and_stores_k_v_at_their_slots(dt
     assert torch.equal(v_at, before[:, (heads + kv_heads) * d:].view(rows, kv_heads, d))
     assert k_cache.view(kv_heads, 32, d)[:, 1].abs().sum() == 0  # no other slot written
     packed = [torch.zeros(shape, dtype=dtype) for shape in cache_shapes(kv_heads, 4, 8, d, True)]
-    ops().rope_write_kv(before.clone(), cos, sin, positions, *packed, slots, heads, kv_heads)
-    assert all(torch.equal(a, b) for a, b in zip(pack_caches(k_cache, v_cache), packed,
-                                                 strict=True))
+    pool = packed_caches(torch.zeros(2 * k_cache.numel(), dtype=dtype), kv_heads, 4, 8, d)
+    for caches in (packed, pool):  # apart, and as the engine holds them: views of one pool
+        ops().rope_write_kv(before.clone(), cos, sin, positions, *caches, slots, heads, kv_heads)
+        assert all(torch.equal(a, b) for a, b in zip(pack_caches(k_cache, v_cache), caches,
+                                                     strict=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,7 +9,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.models import native
-from engine.models.attention import pack_caches
+from engine.models.attention import pack_caches, packed_caches
 
 
 def kernel():
@@ -17,6 +17,15 @@ def kernel():
     if not built:
         pytest.skip(f"the kernels could not be built here: {reason}")
     return torch.ops.batchlens.paged_decode_attention
+
+
+def pooled(k_cache, v_cache):
+    """Packed K and V as the engine holds them: views of one pool, a block's K beside its V."""
+    kvh, nb, bs, d = k_cache.shape
+    views = packed_caches(torch.zeros(2 * k_cache.numel(), dtype=k_cache.dtype), kvh, nb, bs, d)
+    for view, packed in zip(views, pack_caches(k_cache, v_cache), strict=True):
+        view.copy_(packed)
+    return views
 
 
 def reference(q, k_cache, v_cache, tables, lens, scale):
@@ -48,8 +57,9 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
 ])
 @pytest.mark.parametrize("strided", [False, True])  # q as rows of a wider QKV output
 @pytest.mark.parametrize("path", ["", "avx2", "portable"])  # "": the fastest this CPU has
-@pytest.mark.parametrize("packed", [False, True])  # packed: the AMX path where it serves,
-                                                   # else the portable one
+@pytest.mark.parametrize("packed", [False, True, "pool"])  # packed: the AMX path where it
+                                                           # serves, else the portable one;
+                                                           # "pool": as views of one pool
 def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, tol, strided,
                                                   path, packed, monkeypatch):
     if path:
@@ -69,7 +79,8 @@ def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, t
         wide[:, : kvh * group * d] = q.view(len(lens), -1)
         q = wide[:, : kvh * group * d].view(len(lens), kvh * group, d)
         assert not q.is_contiguous()
-    caches = pack_caches(k_cache, v_cache) if packed else (k_cache, v_cache)
+    caches = (pooled if packed == "pool" else pack_caches)(k_cache, v_cache) if packed \
+        else (k_cache, v_cache)
     got = kernel()(q, *caches, tables, lens, 0.125)
     want = reference(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.dtype == dtype and got.shape == q.shape
@@ -190,6 +201,24 @@ def test_kernel_rejects_mismatched_inputs():
     k_packed, v_packed = pack_caches(cache, cache)
     with pytest.raises(RuntimeError, match="packed caches"):  # K and V swapped
         kernel()(q, v_packed, k_packed, table, lens, 0.125)
+    torn = k_packed.transpose(3, 2).contiguous().transpose(3, 2)  # a block's rows apart
+    with pytest.raises(RuntimeError, match="k_cache: a packed cache's blocks must each be"):
+        kernel()(q, torn, v_packed, table, lens, 0.125)
+
+
+def test_packed_views_of_one_pool_put_each_block_s_k_beside_its_v():
+    pool = torch.zeros(4 * 3 * 2 * 16 * 64, dtype=torch.bfloat16)
+    k, v = packed_caches(pool, 3, 4, 16, 64)
+    assert k.shape == (3, 4, 32, 16, 2) and v.shape == (3, 4, 8, 64, 2)
+    for h, b in ((0, 0), (2, 1), (1, 3)):  # K then V of (head, block), one run of 4 KiB
+        k_at, v_at = k[h, b].data_ptr(), v[h, b].data_ptr()
+        assert v_at - k_at == 16 * 64 * 2
+        assert k_at - pool.data_ptr() == ((b * 3 + h) * 2) * 16 * 64 * 2
+    k[2, 3].fill_(1)
+    v[2, 3].fill_(2)
+    assert pool[-2 * 1024:].tolist() == [1.0] * 1024 + [2.0] * 1024
+    with pytest.raises(ValueError, match="pool must be 4 x 3 x 2 x 16 x 64"):
+        packed_caches(pool[:-1], 3, 4, 16, 64)
 
 
 def test_cpu_bfloat16_and_float32_use_the_kernel_where_it_is_built():
@@ -231,7 +260,10 @@ def test_engine_decode_logits_match_the_torch_path():
             packed = native.packed_kv(runner.model.device, runner.model.dtype,
                                       runner.block_size, arch.head_dim,
                                       arch.num_heads // arch.num_kv_heads)
-            assert runner.kv_caches[0][0].dim() == (5 if packed else 4)
+            k0, v0 = runner.kv_caches[0]
+            assert k0.dim() == (5 if packed else 4)
+            if packed:  # views of one pool per layer, a block's K beside its V
+                assert v0.data_ptr() - k0.data_ptr() == k0[0, 0].numel() * 2
             # prompts by SDPA either way, so both runs decode the same first tokens (the
             # kernel's own prefill rows: test_prefill_rows_by_the_kernel_match_the_sdpa_path)
             runner.paged_prefill = False

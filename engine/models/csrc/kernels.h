@@ -17,6 +17,19 @@ namespace batchlens {
 inline int64_t packed_k(int64_t t, int64_t d, int64_t BS) { return (d / 2 * BS + t) * 2 + d % 2; }
 inline int64_t packed_v(int64_t t, int64_t d, int64_t D) { return (t / 2 * D + d) * 2 + t % 2; }
 
+// Where a packed cache's blocks sit, in elements: between kv heads and between blocks. Each
+// block is whole (its elements in a row), but K and V may be views of one pool tensor, a
+// block's K beside its V, so that both are one run of memory (attention.py).
+struct BlockStrides {
+  int64_t head, block;
+};
+inline BlockStrides block_strides(const at::Tensor& cache, const char* name) {
+  TORCH_CHECK(cache.dim() == 5 && cache.stride(4) == 1 && cache.stride(3) == cache.size(4) &&
+                  cache.stride(2) == cache.size(3) * cache.size(4),
+              name, ": a packed cache's blocks must each be contiguous");
+  return {cache.stride(0), cache.stride(1)};
+}
+
 // One key's K and V into a packed block (kb, vb): K's pairs of dims go one per pair row (a
 // stride of BS pairs), V's dims into the half `off % 2` of pair row off / 2.
 template <typename T>

@@ -14,7 +14,8 @@
 //
 //   qkv row   [ q: H x D | k: KVH x D | v: KVH x D ]
 //   k_cache   [KVH, NUM_BLOCKS, BS, D]   slot = block * BS + offset; v_cache alike
-//             packed (5-dim, see attention.py): K [KVH, NB, D/2, BS, 2], V [KVH, NB, BS/2, D, 2]
+//             packed (5-dim, see attention.py): K [KVH, NB, D/2, BS, 2], V [KVH, NB, BS/2, D, 2],
+//             blocks contiguous, heads and blocks at any strides (views of one pool)
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -191,7 +192,8 @@ template <typename T>
 void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
                         const int64_t* pos, T* kc, T* vc, const int64_t* slots, int64_t rows,
                         int64_t H, int64_t KVH, int64_t D, int64_t num_slots, int64_t BS,
-                        bool packed, bool write) {
+                        batchlens::BlockStrides ks, batchlens::BlockStrides vs, bool packed,
+                        bool write) {
   const int64_t half = D / 2;
   at::parallel_for(0, rows, grain_rows((H + 2 * KVH) * D), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -211,10 +213,9 @@ void rope_write_kv_impl(T* qkv, int64_t row_stride, const T* cos, const T* sin,
         }
         // the block's elements: K's pair of dims d/2 holds this key at `off`; V's pair of
         // keys off/2 holds this key's dim d in its half off % 2
-        const int64_t off = slot % BS;
-        T* kb = kc + (h * num_slots + slot - off) * D;
-        T* vb = vc + (h * num_slots + slot - off) * D;
-        batchlens::write_packed(kb, vb, k, v, off, BS, D);
+        const int64_t blk = slot / BS;
+        batchlens::write_packed(kc + h * ks.head + blk * ks.block,
+                                vc + h * vs.head + blk * vs.block, k, v, slot % BS, BS, D);
       }
     }
   });
@@ -231,13 +232,16 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
   TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.stride(1) == 1,
               "rope_write_kv: qkv must be a CPU [rows, width] tensor with contiguous rows");
   const bool packed = k_cache.dim() == 5;
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
+  TORCH_CHECK((packed || (k_cache.is_contiguous() && v_cache.is_contiguous())) &&
                   (packed ? v_cache.dim() == 5 && k_cache.size(4) == 2 && v_cache.size(4) == 2 &&
                                 k_cache.size(2) * 2 == v_cache.size(3) &&
                                 v_cache.size(2) * 2 == k_cache.size(3)
                           : k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes()),
               "rope_write_kv: caches must be contiguous [KVH, NB, BS, D] of one shape, or "
-              "packed K [KVH, NB, D/2, BS, 2] and V [KVH, NB, BS/2, D, 2]");
+              "packed K [KVH, NB, D/2, BS, 2] and V [KVH, NB, BS/2, D, 2] (views of one pool)");
+  const batchlens::BlockStrides none{0, 0};  // in rows: contiguous, addressed by slot
+  const auto ks = packed ? batchlens::block_strides(k_cache, "rope_write_kv") : none;
+  const auto vs = packed ? batchlens::block_strides(v_cache, "rope_write_kv") : none;
   // V's dim 3 is head_dim in both layouts
   const int64_t rows = qkv.size(0), D = v_cache.size(3);
   const int64_t BS = packed ? k_cache.size(3) : k_cache.size(2);
@@ -266,7 +270,7 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
     rope_write_kv_impl<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), cos.data_ptr<scalar_t>(),
                                  sin.data_ptr<scalar_t>(), pp, k_cache.data_ptr<scalar_t>(),
                                  v_cache.data_ptr<scalar_t>(), sp, rows, H, KVH, D, num_slots, BS,
-                                 packed, write);
+                                 ks, vs, packed, write);
   });
 }
 

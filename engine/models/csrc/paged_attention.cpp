@@ -13,7 +13,9 @@
 //
 //   q        [S, H, D]                  one new token per request
 //   k_cache  [KVH, NUM_BLOCKS, BS, D]   v_cache alike; packed: K [KVH, NB, D/2, BS, 2],
-//                                       V [KVH, NB, BS/2, D, 2]
+//                                       V [KVH, NB, BS/2, D, 2], each block contiguous but
+//                                       heads and blocks at any strides (the engine's K and
+//                                       V are views of one pool, a block's K beside its V)
 //   tables   [S, MAX_BLOCKS] int32      block table per request (padding unused)
 //   lens     [S] int32                  context length per request (incl. the new token)
 //   returns  [S, H, D]
@@ -49,7 +51,8 @@ template <typename scalar_t>
 void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scalar_t* vc,
             const int32_t* tables,
             const int32_t* lens, scalar_t* out, int64_t S, int64_t H, int64_t KVH,
-            int64_t NB, int64_t BS, int64_t D, int64_t max_blocks, float scale, bool packed) {
+            batchlens::BlockStrides ks, batchlens::BlockStrides vs, int64_t BS, int64_t D,
+            int64_t max_blocks, float scale, bool packed) {
   const int64_t G = H / KVH;
   // finite, so the running max never meets inf - inf
   constexpr float kLowest = -std::numeric_limits<float>::max();
@@ -66,9 +69,8 @@ void decode(const scalar_t* q, int64_t q_stride, const scalar_t* kc, const scala
       for (int64_t b = 0; b * BS < len; ++b) {
         const int64_t blk = tables[s * max_blocks + b];
         const int64_t n = std::min(BS, len - b * BS);
-        const int64_t off = ((h * NB + blk) * BS) * D;
-        const scalar_t* kb = kc + off;
-        const scalar_t* vb = vc + off;
+        const scalar_t* kb = kc + h * ks.head + blk * ks.block;
+        const scalar_t* vb = vc + h * vs.head + blk * vs.block;
         for (int64_t g = 0; g < G; ++g) {
           const float* qg = qf.data() + g * D;
           float* sc = score.data();
@@ -599,8 +601,8 @@ struct AmxScope {  // a thread's tiles are configured at its first unit, release
 template <int G, int D>
 void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::BFloat16* vc,
                 const int32_t* tables, const int32_t* lens, at::BFloat16* out, int64_t S,
-                int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t max_blocks, float scale,
-                bool store_kv) {
+                int64_t H, int64_t KVH, batchlens::BlockStrides ks, batchlens::BlockStrides vs,
+                int64_t BS, int64_t max_blocks, float scale, bool store_kv) {
   constexpr int QT = D / 32;  // A tiles of q
   constexpr int VS = D / 16;  // 16-dim slices of V and of the output
   const int64_t k_row = BS * 4, v_row = D * 4;  // bytes between pair rows
@@ -625,14 +627,14 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::B
     }
     const int32_t* table = tables + s * max_blocks;
     const bool stores = store_kv && u.k1 == lens[s];  // this unit holds the row's newest key
-    const char* kbase = reinterpret_cast<const char*>(kc) + h * NB * BS * D * 2;
-    const char* vbase = reinterpret_cast<const char*>(vc) + h * NB * BS * D * 2;
+    const char* kbase = reinterpret_cast<const char*>(kc + h * ks.head);
+    const char* vbase = reinterpret_cast<const char*>(vc + h * vs.head);
     // the K and V of the 16 keys from `key` (a multiple of 16): offsets of block + tile
     const auto k_at = [&](int64_t key) {
-      return kbase + (table[key / BS] * BS * D + key % BS * 2) * 2;
+      return kbase + (table[key / BS] * ks.block + key % BS * 2) * 2;
     };
     const auto v_at = [&](int64_t key) {
-      return vbase + (table[key / BS] * BS * D + key % BS * D) * 2;
+      return vbase + (table[key / BS] * vs.block + key % BS * D) * 2;
     };
     // V of the 16 keys from `key`, or of a last tile's keys with the rest zeroed: p is 0 past
     // each row's end, but V there may hold anything (NaN * 0 is NaN)
@@ -649,9 +651,11 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::B
     for (int64_t key = u.k0; key < u.k1; key += 32) {
       if (stores && key + 32 >= u.k1) {  // the last step: the newest key goes in first
         const int64_t t = u.k1 - 1;
-        const int64_t block = (h * NB + table[t / BS]) * BS * D;
+        const int64_t blk = table[t / BS];
         const at::BFloat16* fresh = q + s * q_stride + (H + h) * D;
-        batchlens::write_packed(kc + block, vc + block, fresh, fresh + KVH * D, t % BS, BS, D);
+        batchlens::write_packed(kc + h * ks.head + blk * ks.block,
+                                vc + h * vs.head + blk * vs.block, fresh, fresh + KVH * D, t % BS,
+                                BS, D);
         asm volatile("" ::: "memory");
       }
       const bool two = key + 16 < u.k1;
@@ -765,8 +769,8 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::B
 constexpr bool kHasAmx = false;
 template <int G, int D>  // never called: kHasAmx is false without AMX
 void decode_amx(const at::BFloat16*, int64_t, at::BFloat16*, at::BFloat16*, const int32_t*,
-                const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                int64_t, float, bool) {}
+                const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t, batchlens::BlockStrides,
+                batchlens::BlockStrides, int64_t, int64_t, float, bool) {}
 #endif
 
 // The compiled instances: G = 1..8 query heads per kv head, head_dim 64 or 128 (SmolLM2,
@@ -1074,8 +1078,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(H % KVH == 0, "the query heads must be a multiple of the kv heads");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == S && context_lens.numel() == S,
               "block_tables must be [S, max_blocks] and context_lens [S]");
-  auto kc = k_cache.contiguous();
-  auto vc = v_cache.contiguous();
+  // packed caches are read where they lie (K and V may be views of one pool tensor); caches
+  // in rows contiguous
+  auto kc = packed ? k_cache : k_cache.contiguous();
+  auto vc = packed ? v_cache : v_cache.contiguous();
+  const batchlens::BlockStrides in_rows{NB * BS * D, BS * D};
+  const batchlens::BlockStrides ks = packed ? batchlens::block_strides(kc, "k_cache") : in_rows;
+  const batchlens::BlockStrides vs = packed ? batchlens::block_strides(vc, "v_cache") : in_rows;
   auto bt = block_tables.contiguous();
   auto cl = context_lens.contiguous();
   const int64_t max_blocks = bt.size(1);
@@ -1105,17 +1114,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   // the caller has asked attention_stores_kv; q must still be rows of the QKV output (a
   // lone row's stride is whatever its view says)
   TORCH_CHECK(!store_kv || (tiles && qc.data_ptr() == q.data_ptr() &&
-                            (S == 1 || qc.stride(0) >= (H + 2 * KVH) * D) &&
-                            k_cache.is_contiguous() && v_cache.is_contiguous()),
-              "paged_decode_attention: store_kv needs the tile kernel, q as rows of the QKV "
-              "output and contiguous caches");
+                            (S == 1 || qc.stride(0) >= (H + 2 * KVH) * D)),
+              "paged_decode_attention: store_kv needs the tile kernel and q as rows of the QKV "
+              "output");
   if (tiles) {
     const auto amx = [&](auto group) {
       constexpr int G = decltype(group)::value;
       const auto run = D == 64 ? decode_amx<G, 64> : decode_amx<G, 128>;
       run(qc.data_ptr<at::BFloat16>(), qc.stride(0), kc.data_ptr<at::BFloat16>(),
-          vc.data_ptr<at::BFloat16>(), tp, lp, out.data_ptr<at::BFloat16>(), S, H, KVH, NB, BS,
-          max_blocks, sc, store_kv);
+          vc.data_ptr<at::BFloat16>(), tp, lp, out.data_ptr<at::BFloat16>(), S, H, KVH, ks, vs,
+          BS, max_blocks, sc, store_kv);
       return true;
     };
     if (with_group(H / KVH, amx)) return out;
@@ -1135,8 +1143,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 #undef BATCHLENS_TRY
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     decode<scalar_t>(qc.data_ptr<scalar_t>(), qc.stride(0), kc.data_ptr<scalar_t>(),
-                     vc.data_ptr<scalar_t>(), tp, lp, out.data_ptr<scalar_t>(), S, H, KVH, NB, BS,
-                     D, max_blocks, sc, packed);
+                     vc.data_ptr<scalar_t>(), tp, lp, out.data_ptr<scalar_t>(), S, H, KVH, ks, vs,
+                     BS, D, max_blocks, sc, packed);
   });
   return out;
 }
