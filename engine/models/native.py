@@ -44,7 +44,8 @@ SOURCES = [Path(__file__).parent / "csrc" / name
 HEADERS = [Path(__file__).parent / "csrc" / name  # included by the sources
            for name in ("simd.h", "kernels.h")]
 BASE_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"]}  # BATCHLENS_NATIVE_ISA
+# BATCHLENS_NATIVE_ISA; the tile code sits inside the AVX-512 code, so AMX goes with it
+ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f", "-mno-amx-tile", "-mno-amx-bf16"]}
 
 STALE_LOCK_S = 300  # a build lock older than this was left by a killed build
 

@@ -765,12 +765,6 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::B
                             },
                             runs.data());
 }
-#else
-constexpr bool kHasAmx = false;
-template <int G, int D>  // never called: kHasAmx is false without AMX
-void decode_amx(const at::BFloat16*, int64_t, at::BFloat16*, at::BFloat16*, const int32_t*,
-                const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t, batchlens::BlockStrides,
-                batchlens::BlockStrides, int64_t, int64_t, float, bool) {}
 #endif
 
 // The compiled instances: G = 1..8 query heads per kv head, head_dim 64 or 128 (SmolLM2,
@@ -793,6 +787,15 @@ bool decode_avx512_any(const T* q, int64_t q_stride, const T* kc, const T* vc,
   });
 #undef BATCHLENS_ARGS
 }
+#endif  // __AVX512F__
+
+#if !(defined(__AVX512F__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+      defined(__AVX512BF16__))
+constexpr bool kHasAmx = false;
+template <int G, int D>  // never called: kHasAmx is false without AMX
+void decode_amx(const at::BFloat16*, int64_t, at::BFloat16*, at::BFloat16*, const int32_t*,
+                const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t, batchlens::BlockStrides,
+                batchlens::BlockStrides, int64_t, int64_t, float, bool) {}
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
