@@ -40,6 +40,7 @@
 #endif
 
 #include "kernels.h"
+#include "simd.h"
 
 #if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -91,18 +92,13 @@ void tile_dispatch(int64_t rows, const uint32_t* x, int64_t xs, const at::BFloat
   }
 }
 
-inline __m512 bias16(const at::BFloat16* b) {  // bfloat16 is the top half of a float32
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))), 16));
-}
-
 // A 32-output block's accumulators before the first K: its biases, or zeros (b: null)
 struct BlockInit {
   __m512 v[2];
 };
 inline BlockInit block_init(const at::BFloat16* b) {
   if (b == nullptr) return {{_mm512_setzero_ps(), _mm512_setzero_ps()}};
-  return {{bias16(b), bias16(b + 16)}};
+  return {{load16(b), load16(b + 16)}};
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -355,18 +351,13 @@ void tile_dispatch(int64_t rows, const uint32_t* x, int64_t xs, const at::BFloat
     tile<1, kFromMemory>(x, xs, wb, kp, init, y, ys);
 }
 
-inline __m256 bias8(const at::BFloat16* b) {  // bfloat16 is the top half of a float32
-  return _mm256_castsi256_ps(_mm256_slli_epi32(
-      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))), 16));
-}
-
 struct BlockInit {
   __m256 v[4];
 };
 inline BlockInit block_init(const at::BFloat16* b) {
   if (b == nullptr)
     return {{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}};
-  return {{bias8(b), bias8(b + 8), bias8(b + 16), bias8(b + 24)}};
+  return {{load8(b), load8(b + 8), load8(b + 16), load8(b + 24)}};
 }
 #else
 constexpr bool kSupported = false;
