@@ -20,6 +20,7 @@ from test_scheduler import EOS, FakeTokenizer, entries
 from engine.config import SamplingParams, candidate_params
 from engine.core import EngineCore, Request, copy_blocks, make_request
 from engine.kv_cache import KVCacheManager
+from engine.models.attention import packed_caches
 from engine.scheduler import Scheduler
 from engine.sequence import Status
 
@@ -218,8 +219,11 @@ def test_any_prompt_length_forks_and_frees_everything(length):
     assert core.kv.stats().used_blocks == 0
 
 
-def test_copy_blocks_copies_every_layers_k_and_v_and_nothing_else():
+@pytest.mark.parametrize("pooled", [False, True])  # True: packed views of one pool
+def test_copy_blocks_copies_every_layers_k_and_v_and_nothing_else(pooled):
     caches = [(torch.randn(3, 6, 4, 8), torch.randn(3, 6, 4, 8)) for _ in range(2)]
+    if pooled:  # as the runner holds packed caches: K and V views of one tensor per layer
+        caches = [packed_caches(torch.randn(2 * 3 * 6 * 16 * 8), 3, 6, 16, 8) for _ in range(2)]
     before = [(k.clone(), v.clone()) for k, v in caches]
     copy_blocks(caches, [(1, 4), (2, 0)])
     for (k, v), (k0, v0) in zip(caches, before, strict=True):
