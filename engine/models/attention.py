@@ -25,8 +25,8 @@ block beside its V block, block after block::
     pool[block, kv_head, k_or_v, ...]                     [num_blocks, kvh, 2, block_size * d]
 
 so what the kernel reads of one (request, kv head) per block is one run of 4 KiB (16 keys
-of 64 dims), not two of 2 KiB in tensors far apart: a block table shuffled over the pool
-then costs about a tenth less time than with K and V apart (docs/benchmarks.md).
+of 64 dims), not two of 2 KiB in tensors far apart: a run the hardware prefetchers keep up
+with where the block table jumps about the pool (docs/benchmarks.md).
 
 The flat batch of one step is ordered: all decode tokens first (one per request),
 then each prefill chunk. Decode tokens are attended in one padded call for the whole
