@@ -46,7 +46,7 @@ from kernel_at import build_at, source_at  # scripts/, beside this file
 from engine import compute
 from engine.memory import pages
 from engine.models import native
-from engine.models.attention import cache_shapes, pack_caches, packed_caches
+from engine.models.attention import cache_shapes, pack_caches, pool_caches
 from measure.calibrate import calibrate
 
 REQUESTS, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 64, 9, 3, 64, 30
@@ -103,7 +103,7 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
     caches = [tuple(pages.gathered(list(kv))) for kv in caches]  # on 2 MiB pages, as the pool
     packs = [tuple(pages.gathered(list(pack_caches(k, v)))) for k, v in caches] if packed \
         else caches
-    pools = [_pooled(k, v) for k, v in caches] if packed else caches
+    pools = [pool_caches(k, v) for k, v in caches] if packed else caches
     layouts = {name: (pools if name in pooled else packs) if _reads(op, packs) else caches
                for name, op in ops.items()}
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
@@ -183,15 +183,6 @@ def _layer_op_calls(rows: int, dtype: torch.dtype,
     }
 
 
-def _pooled(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed K and V as the engine's runner holds them: views of one pool on 2 MiB pages."""
-    kvh, nb, bs, d = k.shape
-    views = packed_caches(pages.zeros((2 * k.numel(),), k.dtype), kvh, nb, bs, d)
-    for view, packed in zip(views, pack_caches(k, v), strict=True):
-        view.copy_(packed)
-    return views
-
-
 def _reads(op: Op, caches: Caches) -> bool:
     """Whether `op` takes these caches (a revision before the packed layout does not)."""
     q = torch.zeros(1, HEADS, HEAD_DIM, dtype=caches[0][0].dtype)
@@ -244,12 +235,12 @@ def main() -> None:
         build_at(a.against, "paged_attention.cpp")
         ops = {a.against: torch.ops.batchlens_ab.paged_decode_attention, **ops}
     cal = calibrate()
-    # on the compute thread, as the engine runs them and as `calibrate` measured: ops from a
-    # second thread would start a second OpenMP team, and the two slow each other down
     # a revision from before the pool reads K and V apart (its engine's layout; given views
     # of a pool it would copy them whole every call)
     pooled = {"this"} | ({a.against} if a.against and "block_strides" in source_at(
         a.against, "kernels.h") else set())
+    # on the compute thread, as the engine runs them and as `calibrate` measured: ops from a
+    # second thread would start a second OpenMP team, and the two slow each other down
     compute.run(attention, getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs,
                 a.block_size, frozenset(pooled))
     names = ["batchlens"]

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.memory import pages
+
 
 @dataclass
 class PrefillChunk:
@@ -138,6 +140,18 @@ def pack_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Ten
     kvh, nb, bs, d = k_cache.shape
     return (k_cache.view(kvh, nb, bs, d // 2, 2).transpose(2, 3).contiguous(),
             v_cache.view(kvh, nb, bs // 2, 2, d).transpose(3, 4).contiguous())
+
+
+def pool_caches(k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed copies of K and V caches in rows as the runner holds them: views of one pool
+    (`packed_caches`), on 2 MiB pages where `pages.zeros` gives them (tests and benchmarks
+    build them so)."""
+    kvh, nb, bs, d = k_cache.shape
+    views = packed_caches(pages.zeros((2 * k_cache.numel(),), k_cache.dtype), kvh, nb, bs, d)
+    for view, packed in zip(views, pack_caches(k_cache, v_cache), strict=True):
+        view.copy_(packed)
+    return views
 
 
 def write_kv(

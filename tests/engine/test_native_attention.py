@@ -9,7 +9,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.models import native
-from engine.models.attention import pack_caches, packed_caches
+from engine.models.attention import pack_caches, packed_caches, pool_caches
 
 
 def kernel():
@@ -17,15 +17,6 @@ def kernel():
     if not built:
         pytest.skip(f"the kernels could not be built here: {reason}")
     return torch.ops.batchlens.paged_decode_attention
-
-
-def pooled(k_cache, v_cache):
-    """Packed K and V as the engine holds them: views of one pool, a block's K beside its V."""
-    kvh, nb, bs, d = k_cache.shape
-    views = packed_caches(torch.zeros(2 * k_cache.numel(), dtype=k_cache.dtype), kvh, nb, bs, d)
-    for view, packed in zip(views, pack_caches(k_cache, v_cache), strict=True):
-        view.copy_(packed)
-    return views
 
 
 def reference(q, k_cache, v_cache, tables, lens, scale):
@@ -79,7 +70,7 @@ def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, t
         wide[:, : kvh * group * d] = q.view(len(lens), -1)
         q = wide[:, : kvh * group * d].view(len(lens), kvh * group, d)
         assert not q.is_contiguous()
-    caches = (pooled if packed == "pool" else pack_caches)(k_cache, v_cache) if packed \
+    caches = (pool_caches if packed == "pool" else pack_caches)(k_cache, v_cache) if packed \
         else (k_cache, v_cache)
     got = kernel()(q, *caches, tables, lens, 0.125)
     want = reference(q, k_cache, v_cache, tables, lens, 0.125)
