@@ -3,8 +3,10 @@
 Times SmolLM2-135M's 120 layer matmuls (QKV, O, gate/up, down of 30 layers; random weights
 far past the caches) at each row count both ways, through `engine.models.linear.Linear`:
 oneDNN's packed weights (`pack=True`, what a bfloat16 step runs on CPUs with AMX or with
-BATCHLENS_BF16_KERNEL=0) and the kernel (`kernel=True`). Prints ms, TFLOPS and the ratio, and
-the kernel's largest error against the exact product. Needs a CPU with AVX512_BF16 or AVX2.
+BATCHLENS_BF16_KERNEL=0) and the kernel (`kernel=True`). Prints ms, TFLOPS and the ratio, the
+kernel with each layer's weights kept in cache (its compute alone: one layer's matmuls called
+over and over, times 30), and the kernel's largest error against the exact product. Needs a
+CPU with AVX512_BF16 or AVX2.
 
     python scripts/bf16_matmul_bench.py [--rows 1,4,16,64,512] [--against REV]
 
@@ -72,7 +74,8 @@ def main() -> None:
     print(f"{LAYERS * len(SHAPES)} layer matmuls of SmolLM2-135M ({params / 1e6:.0f}M weights), "
           f"bfloat16, {torch.get_num_threads()} threads; kernel's largest error against the "
           f"exact product {err:.1e} (relative, bfloat16 rounds at 3.9e-3)")
-    print(" rows   oneDNN packed            kernel                   kernel / oneDNN")
+    print(" rows   oneDNN packed            kernel                   kernel / oneDNN   "
+          "kernel, weights in cache")
     for m in (int(r) for r in a.rows.split(",")):
         xs = {i: torch.randn(m, i, generator=gen).bfloat16() for _, i in SHAPES}
 
@@ -83,9 +86,25 @@ def main() -> None:
 
         t_onednn = median_ms(lambda: run(onednn))
         t_ours = median_ms(lambda: run(ours))
+        t_warm = in_cache_ms(ours[0], xs)
         tf = 2 * m * params / 1e12
         print(f"{m:5d}   {t_onednn:8.2f} ms {tf / t_onednn * 1e3:5.2f} TFLOPS   "
-              f"{t_ours:8.2f} ms {tf / t_ours * 1e3:5.2f} TFLOPS   {t_onednn / t_ours:5.2f}x")
+              f"{t_ours:8.2f} ms {tf / t_ours * 1e3:5.2f} TFLOPS   {t_onednn / t_ours:5.2f}x   "
+              f"        {t_warm:8.2f} ms {tf / t_warm * 1e3:5.2f} TFLOPS")
+
+
+def in_cache_ms(layer: list[Linear], xs: dict[int, torch.Tensor], calls: int = 20) -> float:
+    """A layer's matmuls, each called over and over on its own weights, which then stay in
+    the caches, times LAYERS: the kernel's compute without the weights' trip from memory
+    (ms). Beside the pass over all layers it shows how much of a pass the products take on
+    top of the streaming; the streaming alone is about the one-row pass."""
+    total = 0.0
+    for lin, (_, i) in zip(layer, SHAPES, strict=True):
+        def repeat(lin: Linear = lin, x: torch.Tensor = xs[i]) -> None:
+            for _ in range(calls):
+                lin(x)
+        total += median_ms(repeat) / calls
+    return LAYERS * total
 
 
 def against(rev: str, rows: list[int], rounds: int) -> None:
