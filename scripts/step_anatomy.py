@@ -182,7 +182,9 @@ def main() -> None:
             f"   {layer_bytes / parts['matmuls'] / 1e6:5.1f} GB/s")
         row(f"  decode attention ({kv / 1e6:.1f} MB of K/V)", parts["attention"],
             f"   {kv / parts['attention'] / 1e6:5.1f} GB/s")
-        row("  norms, RoPE + K/V writes, SiLU x up", small)
+        row("  norms (two a layer)", parts["norms"])
+        row("  RoPE + K/V writes", parts["rope"])
+        row("  SiLU x up", parts["silu"])
         row("  the rest of the layer stack's call", rest)
         row("  outside it: embedding, final norm, LM head", parts["forward_mean"] - parts["stack"])
     row("sampling, after a forward", parts["sampling"])
