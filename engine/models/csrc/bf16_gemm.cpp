@@ -402,6 +402,14 @@ bool bf16_linear_amx() {
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                        const c10::optional<at::Tensor>& bias) {
+  auto y = at::empty({x.dim() == 2 ? x.size(0) : 0, w.dim() == 4 ? w.size(0) * 32 : 0},
+                     x.options());
+  bf16_linear_into(x, w, bias, y);
+  return y;
+}
+
+void bf16_linear_into(const at::Tensor& x, const at::Tensor& w,
+                      const c10::optional<at::Tensor>& bias, const at::Tensor& y) {
   TORCH_CHECK(kSupported, "bf16_linear: built without AVX512_BF16 or AVX2");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1
               && x.stride(0) % 2 == 0, "bf16_linear: x must be [M, K] bfloat16 with unit "
@@ -417,9 +425,11 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                 && bias->scalar_type() == at::kBFloat16, "bf16_linear: bias must be [N]");
     b = bias->data_ptr<at::BFloat16>();
   }
-  auto y = at::empty({m, n}, x.options());
+  TORCH_CHECK(y.sizes() == at::IntArrayRef({m, n}) && y.is_contiguous() &&
+                  y.scalar_type() == at::kBFloat16,
+              "bf16_linear: the output must be a contiguous [M, N] bfloat16 tensor");
 #if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
-  if (m == 0) return y;
+  if (m == 0) return;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if (amx_ready() && k % kAmxK == 0) {
     // under 16 rows the tiles hold M rows; else a tile reads 16: pad x with zero rows to a
@@ -432,13 +442,12 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
     }
     gemm_amx(xp.data_ptr<at::BFloat16>(), xp.stride(0), w.data_ptr<at::BFloat16>(), b,
              y.data_ptr<at::BFloat16>(), m, mp, k, n);
-    return y;
+    return;
   }
 #endif
   gemm(x.data_ptr<at::BFloat16>(), x.stride(0), w.data_ptr<at::BFloat16>(), b,
        y.data_ptr<at::BFloat16>(), m, k, n);
 #endif
-  return y;
 }
 
 }  // namespace batchlens

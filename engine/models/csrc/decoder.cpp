@@ -94,38 +94,47 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
   // V's dim 3 is head_dim whether the caches are packed or not
   const int64_t rows = x.size(0), head_dim = v_caches[0].size(3);
   const int64_t q_width = num_heads * head_dim;
+  // Each op writes into a buffer made once for the call and reused by every layer: at a
+  // decode step's few rows a tensor made per op and layer (and the views of it) costs as
+  // much as the small ops themselves, its memory in no cache after the layer's weights
+  const auto out_of = [&](const at::Tensor& packed) {  // a packed weight's output width
+    return at::empty({rows, packed.size(0) * 32}, x.options());
+  };
+  at::Tensor hs = at::empty_like(x), qkv = out_of(weights[1]), o = out_of(weights[3]);
+  at::Tensor gate_up = out_of(weights[5]), delta = out_of(weights[6]);
+  at::Tensor act = at::empty({rows, gate_up.size(1) / 2}, x.options());
+  at::Tensor attn = at::empty({rows, num_heads, head_dim}, x.options());
+  const at::Tensor attn_rows = attn.view({rows, q_width});
+  const at::Tensor q = qkv.narrow(1, 0, q_width).view({rows, num_heads, head_dim});
   auto norm = [&](const c10::optional<at::Tensor>& d, const at::Tensor& weight) {
-    return recorded(kNorm, [&] { return add_rms_norm(x, d, weight, eps); });
+    recorded(kNorm, [&] { add_rms_norm_into(x, d, weight, eps, hs); });
   };
   auto linear = [&](const at::Tensor& in, const at::Tensor& weight,
-                    const c10::optional<at::Tensor>& b) {
-    return recorded(kLinear, [&] { return bf16_linear(in, weight, b); });
+                    const c10::optional<at::Tensor>& b, const at::Tensor& out) {
+    recorded(kLinear, [&] { bf16_linear_into(in, weight, b, out); });
   };
   // where the attention kernel can, it stores the step's K and V as it reads their blocks
   const bool kv_in_attention = attention_stores_kv(k_caches[0], num_heads, block_tables,
                                                    context_lens, slot_mapping);
-  at::Tensor delta;
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
     const c10::optional<at::Tensor> bias =
         w[2].numel() > 0 ? c10::optional<at::Tensor>(w[2]) : c10::nullopt;
-    const c10::optional<at::Tensor> residual =
-        delta.defined() ? c10::optional<at::Tensor>(delta) : c10::nullopt;
-    at::Tensor hs = norm(residual, w[0]);
-    at::Tensor qkv = linear(hs, w[1], bias);
+    norm(l > 0 ? c10::optional<at::Tensor>(delta) : c10::nullopt, w[0]);
+    linear(hs, w[1], bias, qkv);
     recorded(kRope, [&] {
       rope_write_kv(qkv, cos, sin, positions, k_caches[l], v_caches[l], slot_mapping,
                     num_heads, num_kv_heads, !kv_in_attention);
     });
-    at::Tensor q = qkv.narrow(1, 0, q_width).view({rows, num_heads, head_dim});
-    at::Tensor attn = recorded(kAttention, [&] {
-      return paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens,
-                                    scale, kv_in_attention);
-    }).view({rows, q_width});
-    hs = norm(linear(attn, w[3], c10::nullopt), w[4]);
-    at::Tensor gate_up = linear(hs, w[5], c10::nullopt);
-    at::Tensor act = recorded(kSilu, [&] { return silu_mul(gate_up); });
-    delta = linear(act, w[6], c10::nullopt);
+    recorded(kAttention, [&] {
+      paged_decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale,
+                             kv_in_attention, attn);
+    });
+    linear(attn_rows, w[3], c10::nullopt, o);
+    norm(o, w[4]);
+    linear(hs, w[5], c10::nullopt, gate_up);
+    recorded(kSilu, [&] { silu_mul_into(gate_up, act); });
+    linear(act, w[6], c10::nullopt, delta);
   }
   return delta;
 }

@@ -69,10 +69,15 @@ bool bf16_linear_supported();
 bool bf16_linear_amx();
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                        const c10::optional<at::Tensor>& bias);
+// the same into y, a contiguous [M, N] bfloat16 tensor (a buffer the caller reuses)
+void bf16_linear_into(const at::Tensor& x, const at::Tensor& w,
+                      const c10::optional<at::Tensor>& bias, const at::Tensor& y);
 
 // layer_ops.cpp
 at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
                         const at::Tensor& weight, double eps);
+void add_rms_norm_into(at::Tensor x, const c10::optional<at::Tensor>& delta,
+                       const at::Tensor& weight, double eps, const at::Tensor& out);
 // write: also store each row's K and V at its slot (else RoPE alone: the attention stores
 // them, see paged_decode_attention)
 void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
@@ -80,6 +85,7 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
                    bool write);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+void silu_mul_into(const at::Tensor& gate_up, const at::Tensor& out);
 
 // paged_attention.cpp
 bool paged_packed_supported(int64_t head_dim, int64_t group, int64_t block_size);
@@ -90,9 +96,11 @@ bool attention_stores_kv(const at::Tensor& k_cache, int64_t num_heads,
                          const at::Tensor& block_tables, const at::Tensor& context_lens,
                          const at::Tensor& slot_mapping);
 // store_kv (where attention_stores_kv): q is rows of the fused QKV output after RoPE, and
-// each row's K and V, after its query heads, go into the cache as the row's newest key
+// each row's K and V, after its query heads, go into the cache as the row's newest key;
+// `into` (if defined): the contiguous [S, H, D] output to write, returned
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale, bool store_kv);
+                                  const at::Tensor& context_lens, double scale, bool store_kv,
+                                  const at::Tensor& into = at::Tensor());
 
 }  // namespace batchlens

@@ -136,9 +136,20 @@ namespace batchlens {
 
 at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
                         const at::Tensor& weight, double eps) {
+  auto out = at::empty({x.dim() == 2 ? x.size(0) : 0, x.dim() == 2 ? x.size(1) : 0},
+                       x.options());
+  add_rms_norm_into(x, delta, weight, eps, out);
+  return out;
+}
+
+void add_rms_norm_into(at::Tensor x, const c10::optional<at::Tensor>& delta,
+                       const at::Tensor& weight, double eps, const at::Tensor& out) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
               "add_rms_norm: x must be a CPU [rows, hidden] tensor with contiguous rows");
   const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(out.sizes() == x.sizes() && out.is_contiguous() &&
+                  out.scalar_type() == x.scalar_type(),
+              "add_rms_norm: the output must be a contiguous [rows, hidden] tensor in x's dtype");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == n && weight.scalar_type() == x.scalar_type(),
               "add_rms_norm: weight must be [hidden] in x's dtype");
   auto w = weight.contiguous();
@@ -148,7 +159,6 @@ at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
     TORCH_CHECK(d.sizes() == x.sizes() && d.stride(1) == 1 && d.scalar_type() == x.scalar_type(),
                 "add_rms_norm: delta must match x");
   }
-  auto out = at::empty({rows, n}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
     add_rms_norm_impl<scalar_t>(x.data_ptr<scalar_t>(),
                                 d.defined() ? d.data_ptr<scalar_t>() : nullptr,
@@ -156,7 +166,6 @@ at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
                                 x.stride(0), d.defined() ? d.stride(0) : 0,
                                 static_cast<float>(eps));
   });
-  return out;
 }
 
 }  // namespace batchlens
@@ -317,16 +326,25 @@ void silu_mul_impl(const T* in, T* out, int64_t rows, int64_t n, int64_t in_stri
 namespace batchlens {
 
 at::Tensor silu_mul(const at::Tensor& gate_up) {
+  auto out = at::empty({gate_up.dim() == 2 ? gate_up.size(0) : 0,
+                        gate_up.dim() == 2 ? gate_up.size(1) / 2 : 0}, gate_up.options());
+  silu_mul_into(gate_up, out);
+  return out;
+}
+
+void silu_mul_into(const at::Tensor& gate_up, const at::Tensor& out) {
   TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.stride(1) == 1 &&
                   gate_up.size(1) % 2 == 0,
               "silu_mul: gate_up must be a CPU [rows, 2 x intermediate] tensor");
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
-  auto out = at::empty({rows, n}, gate_up.options());
+  TORCH_CHECK(out.sizes() == at::IntArrayRef({rows, n}) && out.is_contiguous() &&
+                  out.scalar_type() == gate_up.scalar_type(),
+              "silu_mul: the output must be a contiguous [rows, intermediate] tensor in "
+              "gate_up's dtype");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_mul_impl<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
                             gate_up.stride(0));
   });
-  return out;
 }
 
 }  // namespace batchlens

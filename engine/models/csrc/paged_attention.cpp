@@ -1059,7 +1059,8 @@ bool attention_stores_kv(const at::Tensor& k_cache, int64_t num_heads,
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale, bool store_kv) {
+                                  const at::Tensor& context_lens, double scale, bool store_kv,
+                                  const at::Tensor& into) {
   TORCH_CHECK(q.device().is_cpu(), "paged_decode_attention runs on CPU tensors");
   TORCH_CHECK(q.dim() == 3, "q must be [S, H, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
@@ -1104,7 +1105,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   }
   // q may be rows of a wider tensor (the fused QKV output): read in place where it can be
   auto qc = q.stride(2) == 1 && q.stride(1) == D ? q : q.contiguous();
-  auto out = at::empty({S, H, D}, q.options());
+  TORCH_CHECK(!into.defined() || (into.sizes() == at::IntArrayRef({S, H, D}) &&
+                                   into.is_contiguous() && into.scalar_type() == q.scalar_type()),
+              "paged_decode_attention: the output must be a contiguous [S, H, D] tensor in q's "
+              "dtype");
+  auto out = into.defined() ? into : at::empty({S, H, D}, q.options());
   const float sc = static_cast<float>(scale);
   const std::string path = forced_path();
 #define BATCHLENS_TRY(any, T)                                                                  \
