@@ -402,6 +402,7 @@ bool bf16_linear_amx() {
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w,
                        const c10::optional<at::Tensor>& bias) {
+  // bf16_linear_into checks x and w (of a wrong rank, y is made empty here)
   auto y = at::empty({x.dim() == 2 ? x.size(0) : 0, w.dim() == 4 ? w.size(0) * 32 : 0},
                      x.options());
   bf16_linear_into(x, w, bias, y);

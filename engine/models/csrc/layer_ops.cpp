@@ -136,6 +136,7 @@ namespace batchlens {
 
 at::Tensor add_rms_norm(at::Tensor x, const c10::optional<at::Tensor>& delta,
                         const at::Tensor& weight, double eps) {
+  // add_rms_norm_into checks x (of a wrong rank, out is made empty here)
   auto out = at::empty({x.dim() == 2 ? x.size(0) : 0, x.dim() == 2 ? x.size(1) : 0},
                        x.options());
   add_rms_norm_into(x, delta, weight, eps, out);
@@ -326,6 +327,7 @@ void silu_mul_impl(const T* in, T* out, int64_t rows, int64_t n, int64_t in_stri
 namespace batchlens {
 
 at::Tensor silu_mul(const at::Tensor& gate_up) {
+  // silu_mul_into checks gate_up (of a wrong rank, out is made empty here)
   auto out = at::empty({gate_up.dim() == 2 ? gate_up.size(0) : 0,
                         gate_up.dim() == 2 ? gate_up.size(1) / 2 : 0}, gate_up.options());
   silu_mul_into(gate_up, out);
