@@ -63,9 +63,13 @@ def llama_server(binary: Path, slots: int, log_path: Path) -> Iterator[str]:
     /metrics on, its output in `log_path`; yields its /v1 base URL once /health answers;
     stops it after."""
     port = free_port()
+    # --no-repack: on a CPU with AMX, ggml repacks the GGUF's Q4_1 weights for its AMX
+    # kernels, which stop the server with an illegal instruction (a tile op before any tile
+    # configuration) at its warm-up; repacking changes how fast it answers, not what
     cmd = [str(binary), "-m", str(bundled_gguf_path()), "--host", "127.0.0.1",
            "--port", str(port), "--metrics", "-np", str(slots),
-           "-c", str(slots * SLOT_CONTEXT), "-t", str(THREADS), "-tb", str(THREADS)]
+           "-c", str(slots * SLOT_CONTEXT), "-t", str(THREADS), "-tb", str(THREADS),
+           "--no-repack"]
     # the shared libraries (libllama, libggml*) lie beside the binary
     libs = f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"
     url = f"http://127.0.0.1:{port}"
