@@ -128,19 +128,30 @@ def run_sweep(loaded: LoadedModel, levels: tuple[int, ...], max_tokens: int
     return points, sent, steps, blocks
 
 
+def wake_seconds(points: list[tuple[int, list[RequestMetrics]]]) -> float:
+    """The live engine's wake-up: from the latest arrival before each sweep point's first
+    step to that step, the median over the points (the point's users arrive a fraction
+    of a millisecond apart, and those within it share the step)."""
+    waits = []
+    for _, ms in points:
+        start = min(m.first_scheduled_time for m in ms if m.first_scheduled_time is not None)
+        waits.append(start - max(m.arrival_time for m in ms if m.arrival_time <= start))
+    return statistics.median(waits)
+
+
 def simulate_burst(cost: LinearStepCost, blocks: int, concurrency: int,
-                   prompts: list[list[int]], max_tokens: list[int]) -> Figures:
+                   prompts: list[list[int]], max_tokens: list[int], wake_s: float) -> Figures:
     reqs = [TraceRequest(0.0, len(p), m, token_ids=tuple(p))
             for p, m in zip(prompts, max_tokens, strict=True)]
     res = simulate(Trace(tuple(reqs), 1.0, "bench mix"),
-                   FleetConfig(this_machine(cost, blocks, concurrency)))
+                   FleetConfig(this_machine(cost, blocks, concurrency, wake_s)))
     assert not res.dropped
     return sim_figures(res.requests)
 
 
 def simulate_sweep(cost: LinearStepCost, blocks: int,
                    points: list[tuple[int, list[RequestMetrics]]], sent: list[list[int]],
-                   ) -> list[Figures]:
+                   wake_s: float) -> list[Figures]:
     """The sweep's datacenter points as one trace on one replica (its prefix cache carries
     over from point to point, as the live engine's does), at their measured arrivals."""
     base = min(m.arrival_time for _, ms in points for m in ms)
@@ -152,7 +163,7 @@ def simulate_sweep(cost: LinearStepCost, blocks: int,
             reqs.append(TraceRequest(m.arrival_time - base, len(ids), len(m.token_times),
                                      token_ids=tuple(ids)))
     res = simulate(Trace(tuple(reqs), max(r.arrival for r in reqs) + 1, "sweep"),
-                   FleetConfig(this_machine(cost, blocks, 64)))
+                   FleetConfig(this_machine(cost, blocks, 64, wake_s)))
     by_arrival = sorted(res.requests, key=lambda r: r.rid)
     out, i = [], 0
     for n in groups:
@@ -217,6 +228,7 @@ def main(argv: list[str] | None = None, prog: str = "batchlens fleet check") -> 
     print(f"  live sweep {levels} ...", file=sys.stderr, flush=True)
     points, sent, sweep_steps, sweep_blocks = run_sweep(loaded, levels, a.sweep_max_tokens)
     own["sweep"] = step_periods(sweep_steps)
+    wake = wake_seconds(points)
     others = others_busy(cpu0, cpu_sample())
     pooled = fit_step_cost([s for steps in own.values() for s in steps],
                            "every run's engine steps")
@@ -224,14 +236,15 @@ def main(argv: list[str] | None = None, prog: str = "batchlens fleet check") -> 
             "one fit to every run's steps": dict.fromkeys(own, pooled)}
     print(f"model {loaded.name}; bench mix: {a.requests} requests (seed {a.seed}), all at "
           f"t=0; sweep: users {','.join(map(str, levels))}, {a.sweep_max_tokens} tokens each;"
-          f" other processes used {others:.0%} of the CPUs meanwhile")
+          f" other processes used {others:.0%} of the CPUs meanwhile; an idle engine's"
+          f" first step {wake * 1e3:.2f} ms after its latest arrival (the sweep's median)")
     tables: dict[str, dict[str, dict[str, Any]]] = {}
     for title, cost in fits.items():
         rows: dict[str, dict[str, Any]] = {}
         for c in conc:
-            sim = simulate_burst(cost[c], blocks, c, prompts, max_tokens)
+            sim = simulate_burst(cost[c], blocks, c, prompts, max_tokens, wake)
             rows[f"engine@{c}"] = compare(live[c], sim, TOLERANCE)
-        sims = simulate_sweep(cost["sweep"], sweep_blocks, points, sent)
+        sims = simulate_sweep(cost["sweep"], sweep_blocks, points, sent, wake)
         for (level, ms), sim in zip(points, sims, strict=True):
             fig = live_figures(ms, min(m.arrival_time for m in ms),
                                max(m.token_times[-1] for m in ms))
@@ -247,7 +260,7 @@ def main(argv: list[str] | None = None, prog: str = "batchlens fleet check") -> 
     rows = tables["each run's own steps"]
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"others_cpu": others, "tables": tables,
+            json.dump({"others_cpu": others, "wake_s": wake, "tables": tables,
                        "costs": {t: {k: dataclasses.asdict(c) for k, c in cost.items()}
                                  for t, cost in fits.items()}}, f, indent=2)
     return 0 if all(c["ok"] for row in rows.values() for c in row.values()) else 1

@@ -34,13 +34,17 @@ class Layout:
     busy_watts: float = 700.0
     idle_watts: float = 100.0
     dollars_per_hour: float = 2.5  # per replica
+    # an idle replica's first step starts this long after its latest arrival (the host
+    # waking and scheduling), so that arrivals closer together than this share the step
+    wake_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "gpus", "block_size", "max_num_seqs",
                      "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("weights_bytes", "busy_watts", "idle_watts", "dollars_per_hour"):
+        for name in ("weights_bytes", "busy_watts", "idle_watts", "dollars_per_hour",
+                     "wake_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
 
@@ -66,13 +70,13 @@ SMOLLM2_BF16_BYTES = 134_515_008 * 2
 
 
 def this_machine(cost: StepCost, num_blocks: int = THIS_MACHINE_BLOCKS,
-                 max_num_seqs: int = 64) -> Layout:
+                 max_num_seqs: int = 64, wake_s: float = 0.0) -> Layout:
     """This CPU running the bundled SmolLM2-135M as the engine does by default, its step
     times `cost` (fitted to the live engine's steps). Power: an assumed 35 W for two
     server cores and their memory; price: an assumed 0.10 $/h for a 2-vCPU cloud VM."""
     return Layout("this machine", "smollm2-135m", cost, num_blocks, SMOLLM2_BF16_BYTES,
                   gpus=1, max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
-                  busy_watts=35.0, idle_watts=15.0, dollars_per_hour=0.10)
+                  busy_watts=35.0, idle_watts=15.0, dollars_per_hour=0.10, wake_s=wake_s)
 
 
 # The bench's decode-step fit on this kind of machine (docs/benchmarks.md): a stand-in

@@ -172,7 +172,8 @@ class Replica:
     # ---- events ----------------------------------------------------------------------
     def add(self, sreq: SimRequest, t: float) -> None:
         """A request routed here at time t joins the queue; the first step that starts at
-        or after t sees it (a stretch in flight is cut at that step)."""
+        or after t sees it (a stretch in flight is cut at that step). An idle replica's
+        next step starts `layout.wake_s` after its latest arrival."""
         self.run_until(t)
         if isinstance(self._pending, _Stretch):
             self._cut(t)
@@ -180,7 +181,7 @@ class Replica:
         self.waiting.append(sreq)
         self._admission_blocked = False  # a new request may fit where the head did not
         if self._pending is None:
-            self.clock = max(self.clock, t)  # idle until now
+            self.clock = max(self.clock, t + self.layout.wake_s)  # idle until now, then wake
 
     def run_until(self, t: float, inclusive: bool = False) -> None:
         """Apply every step that ends by t and plan those that start before t (at t too,

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from engine.core import StepStats
-from fleet.check import step_periods
+from engine.metrics import RequestMetrics
+from fleet.check import step_periods, wake_seconds
 from fleet.costs import LinearStepCost, RooflineStepCost, fit_step_cost
 from fleet.local_pcs import local_fleet
 from measure import hardware
@@ -50,6 +51,13 @@ def test_a_steps_period_holds_the_gap_to_the_next_step() -> None:
     assert periods[0] == pytest.approx(0.012)
     assert periods[1] == pytest.approx(0.012)  # idle gap: its duration + the median gap
     assert periods[2] == pytest.approx(0.012)
+
+
+def test_the_wake_up_runs_from_a_points_last_arrival_before_its_first_step() -> None:
+    burst = [RequestMetrics(a, 0.5) for a in (0.0, 0.1, 0.2)]  # all in the step at 0.5
+    late = [RequestMetrics(1.0, 1.4), RequestMetrics(1.6, 1.9)]  # the second after the step
+    alone = [RequestMetrics(3.0, 3.2)]
+    assert wake_seconds([(3, burst), (2, late), (1, alone)]) == pytest.approx(0.3)
 
 
 def test_the_roofline_cost_is_measure_hardwares() -> None:

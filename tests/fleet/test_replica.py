@@ -32,6 +32,31 @@ def test_one_request_takes_one_prefill_step_then_one_step_per_token() -> None:
     assert r.kv.stats().used_blocks == 0, "a finished request's blocks are freed"
 
 
+@pytest.mark.parametrize("wake_ms, prefill_steps", [(0.0, 2), (0.5, 1)])
+def test_arrivals_within_the_wake_up_share_an_idle_replicas_first_step(
+        wake_ms: float, prefill_steps: int) -> None:
+    r = Replica(0, fake_layout(wake_s=wake_ms / 1e3))
+    reqs = [one(TraceRequest(t, 50, 1), i) for i, t in enumerate((0.0, 1e-4, 3e-4))]
+    for s in reqs:
+        r.add(s, s.req.arrival)
+    r.run_until(1e9)
+    # one token each: the first prompt's step and one for the two arriving during it, or
+    # one step for all three
+    assert r.stats.steps == prefill_steps
+    last = max(s.req.arrival for s in reqs)
+    if wake_ms:  # the step starts a wake-up after the last arrival, with every prompt
+        both = fake_cost().step_seconds(3, 150, 0, 150)
+        assert [s.first_token for s in reqs] == pytest.approx([last + wake_ms / 1e3 + both] * 3)
+    else:  # the first prompt's step starts as it arrives; the others wait for it
+        assert reqs[0].first_token == pytest.approx(fake_cost().step_seconds(1, 50, 0, 50))
+        assert reqs[1].first_token > reqs[0].first_token
+
+
+def test_a_wake_up_below_zero_is_refused() -> None:
+    with pytest.raises(ValueError, match="wake_s"):
+        fake_layout(wake_s=-1e-3)
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget() -> None:
     r = Replica(0, fake_layout(max_num_batched_tokens=128))
     s = one(TraceRequest(0.0, 300, 2))
