@@ -12,7 +12,9 @@ side by side with the ratios and whether each is within the tolerances.
 
 A step's cost is its period, start to the next step's start, while the engine ran steps
 back to back: that holds the scheduling and bookkeeping between two steps, which the
-simulated clock must also pay.
+simulated clock must also pay. An idle engine's first step comes a moment after its
+latest arrival (its wake-up, `wake_seconds`, measured on the Sweep), and the replica
+waits as long.
 """
 
 from __future__ import annotations
