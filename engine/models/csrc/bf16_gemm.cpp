@@ -160,42 +160,74 @@ struct Ahead {
       else
         _mm_prefetch(at, _MM_HINT_T1);
   }
+  inline void quarter(int i) {  // the i-th quarter (0-3) of a slice's lines, into L2 only
+    if (at == nullptr) return;
+    const int64_t n = lines * (i + 1) / 4 - lines * i / 4;
+    for (int64_t j = 0; j < n && at < end; ++j, at += 64) _mm_prefetch(at, _MM_HINT_T1);
+  }
 };
 
-// C tiles for RT row tiles of x (16 rows each, from xr) against one 32-output block wb,
-// stored to c [16 RT][32] float32. kStream: the block's B tiles by TILELOADDT1, which
-// leaves them out of L1 for the rows' A tiles to stay there.
-template <int RT, bool kStream = false>
-inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k, float* c,
-                     Ahead& ahead) {
+// C tiles for up to 16 rows of x (one row tile, from xr) against one 32-output block wb,
+// stored to c [16][32] float32, with `ahead` streaming the weights into L1: the tile loads
+// wait on memory whatever they do, so each slice's lines go at its start (Ahead::step).
+inline void amx_tile_few(const char* xr, int64_t x_bytes, const char* wb, int64_t k, float* c,
+                         Ahead& ahead) {
   _tile_zero(0);
   _tile_zero(1);
   int64_t k0 = 0;
-  if (RT == 1) {
-    // one row tile leaves tiles 2, 3 and 5 free: every other 32 K loads its A and B
-    // tiles into those, so the next slice's loads need not wait for this one's products
-    for (; k0 + 2 * kAmxK <= k; k0 += 2 * kAmxK) {
-      ahead.step();
-      ahead.step();
-      const char* wk = wb + k0 * 64;
-      _tile_loadd(6, wk, 128);
-      _tile_loadd(7, wk + 64, 128);
-      _tile_loadd(4, xr + k0 * 2, x_bytes);
-      _tile_loadd(2, wk + kAmxK * 64, 128);
-      _tile_loadd(3, wk + kAmxK * 64 + 64, 128);
-      _tile_loadd(5, xr + (k0 + kAmxK) * 2, x_bytes);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(0, 5, 2);
-      _tile_dpbf16ps(1, 5, 3);
-    }
-  } else {
-    _tile_zero(2);
-    _tile_zero(3);
+  // one row tile leaves tiles 2, 3 and 5 free: every other 32 K loads its A and B tiles
+  // into those, so the next slice's loads need not wait for this one's products
+  for (; k0 + 2 * kAmxK <= k; k0 += 2 * kAmxK) {
+    ahead.step();
+    ahead.step();
+    const char* wk = wb + k0 * 64;
+    _tile_loadd(6, wk, 128);
+    _tile_loadd(7, wk + 64, 128);
+    _tile_loadd(4, xr + k0 * 2, x_bytes);
+    _tile_loadd(2, wk + kAmxK * 64, 128);
+    _tile_loadd(3, wk + kAmxK * 64 + 64, 128);
+    _tile_loadd(5, xr + (k0 + kAmxK) * 2, x_bytes);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(0, 5, 2);
+    _tile_dpbf16ps(1, 5, 3);
   }
   for (; k0 < k; k0 += kAmxK) {
     ahead.step();
     const char* wk = wb + k0 * 64;  // 16 rows of 128 bytes: pairs k0/2 .. k0/2 + 15
+    _tile_loadd(6, wk, 128);
+    _tile_loadd(7, wk + 64, 128);
+    _tile_loadd(4, xr + k0 * 2, x_bytes);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+  }
+  _tile_stored(0, c, 128);
+  _tile_stored(1, c + 16, 128);
+  asm volatile("" ::: "memory");
+}
+
+// C tiles for RT row tiles of x (16 rows each, from xr) against one 32-output block wb,
+// stored to c [16 RT][32] float32, past 16 rows, where `ahead` fetches into L2 while the
+// products run. kStream: the block's B tiles by TILELOADDT1, which leaves them out of L1
+// for the rows' A tiles to stay there. Each slice's lines go in quarters between its tile
+// ops (Ahead::quarter): in one burst, the prefetches past the core's few misses in flight
+// hold up the tile loads queued behind them, and the products wait on those.
+// Out of line, and `lines` opaque in gemm_amx_few: a batch-1 step's speed moves with how the
+// compiler builds and places the few-row fetch loop (how fast it sends its prefetches),
+// and this arrangement streams the weights as fast as one kernel for every row count did.
+// A change here wants `scripts/bf16_matmul_bench.py --against` at 1 row.
+template <int RT, bool kStream>
+__attribute__((noinline)) void amx_tile(const char* xr, int64_t x_bytes, const char* wb,
+                                        int64_t k, float* c, Ahead& ahead) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (RT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kAmxK) {
+    const char* wk = wb + k0 * 64;  // 16 rows of 128 bytes: pairs k0/2 .. k0/2 + 15
+    ahead.quarter(0);
     if (kStream) {
       _tile_stream_loadd(6, wk, 128);
       _tile_stream_loadd(7, wk + 64, 128);
@@ -205,12 +237,15 @@ inline void amx_tile(const char* xr, int64_t x_bytes, const char* wb, int64_t k,
     }
     _tile_loadd(4, xr + k0 * 2, x_bytes);
     _tile_dpbf16ps(0, 4, 6);
+    ahead.quarter(1);
     _tile_dpbf16ps(1, 4, 7);
+    ahead.quarter(2);
     if (RT == 2) {
       _tile_loadd(5, xr + kAmxRows * x_bytes + k0 * 2, x_bytes);
       _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
     }
+    ahead.quarter(3);
+    if (RT == 2) _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, c, 128);
   _tile_stored(1, c + 16, 128);
@@ -232,36 +267,56 @@ inline void amx_write(const float* c, int64_t rows, const at::BFloat16* bias, at
                               _mm512_add_ps(_mm512_loadu_ps(c + r * 32 + v * 16), b.v[v])));
 }
 
-// x [mp, k] (row stride xs elements; mp a multiple of 16, or M itself under 16) against
-// every block of w
+// x [m, k] (row stride xs elements; m up to 16) against every block of w. Up to 16 rows the
+// tiles wait on memory whatever they do, and their loads alone keep too few reads in
+// flight: each slice fetches the 32 lines kLead bytes ahead into L1, a stream across the
+// thread's blocks.
+void gemm_amx_few(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
+                  const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t k, int64_t n) {
+  const int64_t x_bytes = xs * 2;
+  at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
+    amx_configure(static_cast<int>(m));
+    alignas(64) float c[kAmxRows * 32];
+    const int64_t block_bytes = k * 64;
+    const char* thread_end = reinterpret_cast<const char*>(w + b1 * k * 32);
+    for (int64_t i = 0; i < std::min(kLead, block_bytes); i += 64)  // the stream's first bytes
+      _mm_prefetch(reinterpret_cast<const char*>(w + b0 * k * 32) + i, _MM_HINT_T0);
+    const char* xr = reinterpret_cast<const char*>(x);
+    int64_t lines = kAmxK;  // opaque to the compiler (see amx_tile)
+    asm volatile("" : "+r"(lines));
+    for (int64_t b = b0; b < b1; ++b) {
+      const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
+      Ahead ahead{wb + kLead, thread_end, lines, true};
+      amx_tile_few(xr, x_bytes, wb, k, c, ahead);
+      amx_write(c, m, bias != nullptr ? bias + b * 32 : nullptr, y + b * 32, n);
+    }
+    _tile_release();
+  });
+}
+
+// x [mp, k] (row stride xs elements; mp a multiple of 16, past 16 rows) against every
+// block of w
 void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
               const at::BFloat16* bias, at::BFloat16* y, int64_t m, int64_t mp, int64_t k,
               int64_t n) {
+  if (mp <= kAmxRows) return gemm_amx_few(x, xs, w, bias, y, m, k, n);
   const int64_t x_bytes = xs * 2;
   at::parallel_for(0, n / 32, 1, [&](int64_t b0, int64_t b1) {
-    amx_configure(static_cast<int>(std::min<int64_t>(mp, kAmxRows)));
+    amx_configure(kAmxRows);
     alignas(64) float c[2 * kAmxRows * 32];
-    // Past 16 rows a block's products take as long as its weights take to arrive: the
-    // weights of the blocks to come are fetched into L2 meanwhile, or each block would wait
-    // on memory first and compute after. Past 32 rows (more than one pass over the rows)
-    // the blocks go in groups that stay in L2, each pass over the rows running over the
-    // whole group: a pass's rows (A tiles) then stay in L1 across the group's blocks, whose
-    // B tiles, from L2 on every pass, load around L1 (as they do in a single pass, read
-    // once). A block taking all its passes in turn would load the A tiles from L2 for every
-    // block, and those tile moves cost more than the products. The first pass fetches the
-    // group's next block, a whole block per block (k / 32 slices of 32 lines); the last
-    // pass fetches the next group's first block, a share per block.
-    // Up to 16 rows the tiles wait on memory whatever they do, and their loads alone keep
-    // too few reads in flight: each slice fetches the 32 lines kLead bytes ahead into L1, a
-    // stream across the thread's blocks.
-    const bool fetch_ahead = mp > kAmxRows;
+    // A block's products take as long as its weights take to arrive: the weights of the
+    // blocks to come are fetched into L2 meanwhile, or each block would wait on memory
+    // first and compute after. Past 32 rows (more than one pass over the rows) the blocks
+    // go in groups that stay in L2, each pass over the rows running over the whole group: a
+    // pass's rows (A tiles) then stay in L1 across the group's blocks, whose B tiles, from
+    // L2 on every pass, load around L1 (as they do in a single pass, read once). A block
+    // taking all its passes in turn would load the A tiles from L2 for every block, and
+    // those tile moves cost more than the products. The first pass fetches the group's next
+    // block, a whole block per block (k / 32 slices of 32 lines); the last pass fetches the
+    // next group's first block, a share per block.
     const int64_t passes = (mp + 2 * kAmxRows - 1) / (2 * kAmxRows);
     const int64_t block_bytes = k * 64;
     const int64_t group = passes > 1 ? std::max<int64_t>(1, kGroupBytes / block_bytes) : 1;
-    const char* thread_end = reinterpret_cast<const char*>(w + b1 * k * 32);
-    if (!fetch_ahead)  // the stream's first kLead bytes
-      for (int64_t c = 0; c < std::min(kLead, block_bytes); c += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w + b0 * k * 32) + c, _MM_HINT_T0);
     for (int64_t g0 = b0; g0 < b1; g0 += group) {
       const int64_t g1 = std::min(b1, g0 + group), in_group = g1 - g0;
       const char* next_group = reinterpret_cast<const char*>(w + g1 * k * 32);
@@ -274,9 +329,7 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
           const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
           const at::BFloat16* bb = bias != nullptr ? bias + b * 32 : nullptr;
           Ahead ahead{nullptr, nullptr, 0, false};
-          if (!fetch_ahead) {
-            ahead = Ahead{wb + kLead, thread_end, kAmxK, true};
-          } else if (first && b + 1 < g1) {
+          if (first && b + 1 < g1) {
             ahead = Ahead{wb + block_bytes, wb + 2 * block_bytes, kAmxK, false};
           } else if (last && g1 < b1) {
             const char* from = next_group + (b - g0) * share;
@@ -284,7 +337,7 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
                           (kAmxK + in_group - 1) / in_group, false};
           }
           if (tiles == 1)
-            amx_tile<1>(xr, x_bytes, wb, k, c, ahead);
+            amx_tile<1, false>(xr, x_bytes, wb, k, c, ahead);
           else
             amx_tile<2, true>(xr, x_bytes, wb, k, c, ahead);
           const int64_t rows = m - r < tiles * kAmxRows ? m - r : tiles * kAmxRows;
