@@ -213,8 +213,8 @@ inline void amx_tile_few(const char* xr, int64_t x_bytes, const char* wb, int64_
 // ops (Ahead::quarter): in one burst, the prefetches past the core's few misses in flight
 // hold up the tile loads queued behind them, and the products wait on those.
 // Out of line, and `lines` opaque in gemm_amx_few: a batch-1 step's speed moves with how the
-// compiler builds and places the few-row fetch loop (how fast it sends its prefetches),
-// and this arrangement streams the weights as fast as one kernel for every row count did.
+// compiler builds and places the few-row fetch loop (how fast it sends its prefetches):
+// the other arrangements tried streamed a batch-1 step's weights slower (benchmarks.md).
 // A change here wants `scripts/bf16_matmul_bench.py --against` at 1 row.
 template <int RT, bool kStream>
 __attribute__((noinline)) void amx_tile(const char* xr, int64_t x_bytes, const char* wb,
