@@ -151,16 +151,11 @@ struct Ahead {
   const char* at;
   const char* end;
   int64_t lines;
-  bool l1;  // into L1, else into L2
-  inline void step() {
+  inline void step() {  // a slice's lines, into L1 (up to 16 rows)
     if (at == nullptr) return;
-    for (int64_t i = 0; i < lines && at < end; ++i, at += 64)
-      if (l1)
-        _mm_prefetch(at, _MM_HINT_T0);
-      else
-        _mm_prefetch(at, _MM_HINT_T1);
+    for (int64_t i = 0; i < lines && at < end; ++i, at += 64) _mm_prefetch(at, _MM_HINT_T0);
   }
-  inline void quarter(int i) {  // the i-th quarter (0-3) of a slice's lines, into L2 only
+  inline void quarter(int i) {  // the i-th quarter (0-3) of a slice's lines, into L2
     if (at == nullptr) return;
     const int64_t n = lines * (i + 1) / 4 - lines * i / 4;
     for (int64_t j = 0; j < n && at < end; ++j, at += 64) _mm_prefetch(at, _MM_HINT_T1);
@@ -286,7 +281,7 @@ void gemm_amx_few(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
     asm volatile("" : "+r"(lines));
     for (int64_t b = b0; b < b1; ++b) {
       const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
-      Ahead ahead{wb + kLead, thread_end, lines, true};
+      Ahead ahead{wb + kLead, thread_end, lines};
       amx_tile_few(xr, x_bytes, wb, k, c, ahead);
       amx_write(c, m, bias != nullptr ? bias + b * 32 : nullptr, y + b * 32, n);
     }
@@ -328,13 +323,13 @@ void gemm_amx(const at::BFloat16* x, int64_t xs, const at::BFloat16* w,
         for (int64_t b = g0; b < g1; ++b) {
           const char* wb = reinterpret_cast<const char*>(w + b * k * 32);
           const at::BFloat16* bb = bias != nullptr ? bias + b * 32 : nullptr;
-          Ahead ahead{nullptr, nullptr, 0, false};
+          Ahead ahead{nullptr, nullptr, 0};
           if (first && b + 1 < g1) {
-            ahead = Ahead{wb + block_bytes, wb + 2 * block_bytes, kAmxK, false};
+            ahead = Ahead{wb + block_bytes, wb + 2 * block_bytes, kAmxK};
           } else if (last && g1 < b1) {
             const char* from = next_group + (b - g0) * share;
             ahead = Ahead{from, std::min(from + share, next_group + block_bytes),
-                          (kAmxK + in_group - 1) / in_group, false};
+                          (kAmxK + in_group - 1) / in_group};
           }
           if (tiles == 1)
             amx_tile<1, false>(xr, x_bytes, wb, k, c, ahead);
