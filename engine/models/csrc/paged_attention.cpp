@@ -274,6 +274,15 @@ void write_out(T* out, int64_t H, int64_t s, int64_t h, const Partial<G, D>& p,
   for (int g = 0; g < G; ++g) {
     const float inv = 1.f / p.l[g];
     T* os = out + (s * H + h * G + g) * D;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, at::BFloat16> && D % 16 == 0) {
+      if (perm == nullptr) {  // in order: 16 at a time (each unit's rows go out here)
+        for (int d = 0; d < D; d += 16)
+          store16(os + d, _mm512_mul_ps(_mm512_load_ps(p.acc[g] + d), _mm512_set1_ps(inv)));
+        continue;
+      }
+    }
+#endif
     for (int d = 0; d < D; ++d) os[d] = static_cast<T>(p.acc[g][perm ? perm[d] : d] * inv);
   }
 }
@@ -638,12 +647,27 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::B
     };
     // V of the 16 keys from `key`, or of a last tile's keys with the rest zeroed: p is 0 past
     // each row's end, but V there may hold anything (NaN * 0 is NaN)
+    // (a pair row holds two keys' V in the low and high halves of each 32-bit lane: the
+    // rows of two present keys are copied, a row with only its first key keeps the low
+    // halves, the rest are zeros; 64 bytes at a time)
     const auto v_tile = [&](int64_t key) {
       const char* vt = v_at(key);
-      if (u.k1 - key >= 16) return vt;
-      std::memcpy(vlast, vt, sizeof vlast);
-      for (int64_t t = u.k1 - key; t < 16; ++t)
-        for (int d = 0; d < D; ++d) vlast[t / 2][d][t % 2] = at::BFloat16(0.f);
+      const int64_t n = u.k1 - key;
+      if (n >= 16) return vt;
+      constexpr int kRowVecs = D * 4 / 64;  // 64-byte vectors in a pair row
+      const __m512i* src = reinterpret_cast<const __m512i*>(vt);
+      __m512i* dst = reinterpret_cast<__m512i*>(vlast);
+      for (int64_t r = 0; r < 8; ++r) {
+        const __m512i keep = 2 * r + 1 < n ? _mm512_set1_epi32(-1)
+                             : 2 * r < n    ? _mm512_set1_epi32(0xFFFF)
+                                            : _mm512_setzero_si512();
+        for (int i = 0; i < kRowVecs; ++i) {
+          const int64_t at = r * kRowVecs + i;
+          _mm512_store_si512(dst + at, 2 * r < n
+                                           ? _mm512_and_si512(_mm512_loadu_si512(src + at), keep)
+                                           : keep);
+        }
+      }
       return reinterpret_cast<const char*>(vlast);
     };
     // Two tiles of 16 keys a step: their q·k, softmax and p·v run side by side, two chains
