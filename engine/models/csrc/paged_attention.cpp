@@ -646,10 +646,9 @@ void decode_amx(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc, at::B
       return vbase + (table[key / BS] * vs.block + key % BS * D) * 2;
     };
     // V of the 16 keys from `key`, or of a last tile's keys with the rest zeroed: p is 0 past
-    // each row's end, but V there may hold anything (NaN * 0 is NaN)
-    // (a pair row holds two keys' V in the low and high halves of each 32-bit lane: the
-    // rows of two present keys are copied, a row with only its first key keeps the low
-    // halves, the rest are zeros; 64 bytes at a time)
+    // each row's end, but V there may hold anything (NaN * 0 is NaN). A pair row holds two
+    // keys' V, in the low and high halves of each 32-bit lane: a row of two present keys is
+    // copied, one with only its first keeps the low halves, the rest are zeros.
     const auto v_tile = [&](int64_t key) {
       const char* vt = v_at(key);
       const int64_t n = u.k1 - key;
