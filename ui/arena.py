@@ -119,16 +119,17 @@ def controls() -> None:
 
 
 def _speculation_switches(running: bool) -> None:
-    """Speculative decoding on or off for each side (in-process sides only)."""
-    a, b = st.columns(2)
+    """Speculative decoding on or off for each side (in-process sides only): one heading,
+    then a short switch per side, whose labels fit half a column's width."""
     tip = ("Speculative decoding by n-gram prompt lookup: up to 4 tokens guessed from "
            "earlier text are checked in one step; it pays when the answer copies the "
            "prompt. The same tokens come out (greedy), only faster or slower.")
-    a.toggle("Local PC: speculative decoding", key="arena_spec_local", disabled=running,
-             help=tip)
-    b.toggle("Datacenter: speculative decoding", key="arena_spec_dc", disabled=running,
-             help=tip + " The datacenter side then runs on an engine of its own, built on "
-             "the shared weights, unless the shared engine already speculates so.")
+    st.caption("Speculative decoding", help=tip)
+    a, b = st.columns(2)
+    a.toggle("Local PC", key="arena_spec_local", disabled=running)
+    b.toggle("Datacenter", key="arena_spec_dc", disabled=running,
+             help="The datacenter side then runs on an engine of its own, built on the "
+             "shared weights, unless the shared engine already speculates so.")
 
 
 def _local_device_choice(running: bool) -> None:
