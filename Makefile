@@ -61,12 +61,14 @@ compat: setup llama-server
 	PY=$(BIN)/python $(BIN)/python -m pytest -q -s -m compat tests/compat
 
 # a plain test run writes its screenshots to a temporary folder; this one into assets/:
-# the arena after a race, and each page's presenter view at 1280x720 (a projector's screen)
+# the arena after a race, and each page's presenter view at 1280x720 (a projector's screen),
+# the Fleet page's over the whole day
 screenshots: setup chromium
 	BATCHLENS_SCREENSHOTS=assets $(BIN)/python -m pytest -q -m browser -k screenshot \
 		tests/ui/test_browser.py
-	BATCHLENS_SCREENSHOTS=assets $(BIN)/python -m pytest -q -m browser \
-		-k "(fits_the_screen and 1280x720) or ended_race" tests/ui/test_browser_presenter.py
+	BATCHLENS_SCREENSHOTS=assets BATCHLENS_FLEET_DAY_HOURS=24 $(BIN)/python -m pytest -q \
+		-m browser -k "(fits_the_screen and 1280x720) or ended_race" \
+		tests/ui/test_browser_presenter.py
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

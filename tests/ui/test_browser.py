@@ -46,7 +46,8 @@ def streamlit_server(folder: Path, args: tuple[str, ...] = (),
                      env: dict[str, str] | None = None) -> Iterator[str]:
     """`streamlit run app.py` on a free localhost port, its log in `folder`; yields its URL.
     `args` and `env` add Streamlit options and environment variables. The Fleet page's
-    presenter day is cut to its first hour: its layout is the day's, in seconds."""
+    presenter day is cut to its first hour (its layout is the day's, in seconds) unless
+    BATCHLENS_FLEET_DAY_HOURS says otherwise (`make screenshots`: the whole day)."""
     port = free_port()
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
            "--server.fileWatcherType", "none", "--server.port", str(port), *args]
@@ -54,7 +55,9 @@ def streamlit_server(folder: Path, args: tuple[str, ...] = (),
     url = f"http://localhost:{port}"
     with child_server(cmd, f"{url}/_stcore/health", log=folder / "server.log", timeout=120,
                       env={**os.environ, "OMP_NUM_THREADS": threads,
-                           "BATCHLENS_FLEET_DAY_HOURS": "1", **(env or {})},
+                           "BATCHLENS_FLEET_DAY_HOURS":
+                               os.environ.get("BATCHLENS_FLEET_DAY_HOURS", "1"),
+                           **(env or {})},
                       cwd=ROOT):
         yield url
 
@@ -139,8 +142,10 @@ def test_datacenter_beats_the_local_pc_and_screenshot(server, browser, shots):
     page.get_by_role("button", name="Run", exact=True).wait_for()
     assert page.get_by_label("Your prompt").is_enabled()  # inputs are back after the run
     assert page.get_by_label("Max tokens", exact=True).input_value() == "48"
-    # Streamlit scrolls inside the page, so a tall viewport (not full_page) shows it all
-    page.set_viewport_size({"width": 1600, "height": 2700})
+    # Streamlit scrolls inside the page, so a tall viewport (not full_page) shows it all,
+    # from the top: the click on Run leaves the page scrolled down to the race
+    page.set_viewport_size({"width": 1600, "height": 3000})
+    page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; })")
     charts.nth(3).wait_for()
     page.wait_for_timeout(1000)
     page.screenshot(path=str(shots / "arena.png"))

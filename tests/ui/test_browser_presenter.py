@@ -132,10 +132,12 @@ def press_until(page, key: str, done, tries: int = 3, wait_s: float = 20) -> boo
 
 def screenshot(page, path) -> None:
     """The screen as the audience sees it: the pointer moved off the buttons first, so no
-    tooltip covers the page."""
+    tooltip covers the page, and every widget drawn (a page whose chart is up may still
+    show grey placeholders for the widgets above it)."""
     width, height = page.viewport_size["width"], page.viewport_size["height"]
     page.mouse.move(width - 2, height - 2)
     page.get_by_role("tooltip").first.wait_for(state="hidden")
+    page.locator("[data-testid^='stSkeleton']").first.wait_for(state="detached")
     page.screenshot(path=str(path))
 
 
