@@ -130,7 +130,11 @@ def model_size_frame(precision: str, context: int) -> pd.DataFrame:
 
 
 def local_vs_datacenter_frame(model_key: str, precision: str, context: int) -> pd.DataFrame:
-    return pd.DataFrame(local_vs_datacenter_table(model_key, precision, context))
+    """`local_vs_datacenter_table` as a frame; where the big batch does not fit, its bound
+    says so (a bare None would read as a missing figure)."""
+    frame = pd.DataFrame(local_vs_datacenter_table(model_key, precision, context))
+    frame["bound_big_batch"] = frame["bound_big_batch"].fillna("does not fit")
+    return frame
 
 
 # ---- this machine ----------------------------------------------------------------------
