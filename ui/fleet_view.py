@@ -32,6 +32,7 @@ from fleet.scenarios import (
     layout_choices,
     run_scenario,
 )
+from measure.hardware import HARDWARE
 from ui import fleet_charts as charts
 from ui import presenter
 
@@ -114,7 +115,8 @@ def controls(where: Any = None) -> FleetParams | None:
                               index=ROUTERS.index(d.router), key=K + "router")
             replicas = st.number_input("Replicas at the start", 1, 64, d.replicas,
                                        key=K + "replicas")
-            local = st.selectbox("Local PC beside it", list(LOCAL_POWER), key=K + "local")
+            local = st.selectbox("Local PC beside it", list(LOCAL_POWER), key=K + "local",
+                                 format_func=lambda k: HARDWARE[k].name)
         with c:
             st.markdown("**Autoscaler**")
             metric = st.selectbox("Scale on", [AUTOSCALE_OFF, *METRICS],

@@ -55,6 +55,9 @@ def test_the_page_asks_for_a_run_first() -> None:
     at = page()
     assert any("then **Run**" in i.value for i in at.info)
     assert not at.metric and not at.get("vega_lite_chart")
+    # the local PCs by their datasheet names, not their keys
+    local = next(w for w in at.selectbox if w.key == view.K + "local")
+    assert local.options[0] == "Laptop CPU (DDR5-5600, 32 GB)" and local.value == "laptop_cpu"
 
 
 def test_a_run_shows_the_simulations_own_figures_and_every_chart() -> None:
