@@ -66,9 +66,11 @@ def _color(series: list[str]) -> alt.Color:
 def _measured(points: pd.DataFrame, x: str, y: str, y_title: str, log_y: bool,
               series: list[str]) -> alt.Chart:
     scale = alt.Scale(type="log") if log_y else alt.Scale(domainMin=0)
+    # a linear axis with no points yet would label its one tick "0.000000"
+    labels = {} if log_y else {"format": ",.4~r"}
     return alt.Chart(points).mark_line(point=alt.OverlayMarkDef(size=90), strokeWidth=3).encode(
         x=_x(x),
-        y=alt.Y(f"{y}:Q", title=y_title, scale=scale, axis=alt.Axis(**FONT)),
+        y=alt.Y(f"{y}:Q", title=y_title, scale=scale, axis=alt.Axis(**FONT, **labels)),
         color=_color(series),
         tooltip=["side:N", f"{x}:Q", alt.Tooltip(f"{y}:Q", format=",.3g")],
     )
