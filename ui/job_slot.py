@@ -141,6 +141,8 @@ class JobSlot(Generic[J]):
             if job is not None:
                 job.touch()
             view(job)
+            if job is not None:
+                job.shown()
             shown = f"{self.key}_shown_running"
             if job is not None and job.finished and st.session_state.get(shown):
                 st.session_state[shown] = False

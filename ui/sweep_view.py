@@ -48,6 +48,7 @@ from workloads.sweep import (
 SLOT: JobSlot[Sweep] = JobSlot("sweep_run", refresh_s=SLOW_REFRESH_S,
                                heartbeat_s=2 * HEARTBEAT_S)
 KEY_CHARTS = "sweep_chart_specs"
+PAGE_WAIT_S = 10.0  # the most the first point waits for the page to draw the sweep once
 USER_OPTIONS = [1, 2, 4, 8, 16, 32, 64, 128]
 RATE_OPTIONS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
 MODES = {"users": "Concurrent users (all send at once)",
@@ -171,7 +172,7 @@ def _sweep(engine: Engine, prompts: list[Chat], plan: SweepPlan) -> Sweep:
             caps.check_queue(dc)
         return Sweep(dc, local, prompts, plan, heartbeat_timeout=SLOT.heartbeat_s,
                      close_local=True, close_engine=remote_dc,
-                     connected=shared.session_connected())
+                     connected=shared.session_connected(), page_wait_s=PAGE_WAIT_S)
 
 
 # ---- the live view -------------------------------------------------------------------

@@ -3,7 +3,7 @@ a daemon thread, a stop event, a heartbeat from the page, start/finish times, an
 run ends (an error goes into the job, the final phase, what the job owns shut down)::
 
     job = Race(...).start()   thread: _work() -> [error] -> owned sides shut down -> phase
-    page: job.touch() · job.stop() · job.finished · job.error · job.close()
+    page: job.touch() · job.shown() · job.stop() · job.finished · job.error · job.close()
 
 A job is abandoned (cancels its requests) when the page's `connected` check (if given)
 has been false for `DISCONNECT_GRACE_S` (a closed tab: its blocks are free a step later,
@@ -74,6 +74,7 @@ class BackgroundJob:
         self._t_start: float | None = None
         self._t_done: float | None = None
         self._last_touch = time.monotonic()
+        self._shown = threading.Event()
         self._disconnected_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"batchlens-{self.job_id}",
                                         daemon=True)
@@ -118,6 +119,20 @@ class BackgroundJob:
     def touch(self) -> None:
         """Heartbeat from the page; a job left untouched cancels itself."""
         self._last_touch = time.monotonic()
+
+    def shown(self) -> None:
+        """The page has drawn the job's live view (called after each redraw)."""
+        self._shown.set()
+
+    def _wait_shown(self, timeout: float) -> None:
+        """Wait until the page has drawn the job once (`shown`), until stopped, or at most
+        `timeout` seconds (a page that never draws it must not hold the job back)."""
+        end = time.monotonic() + timeout
+        while not self._shown.is_set() and not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self._shown.wait(min(left, 0.05))
 
     def stop(self) -> None:
         """Cancel every request submitted so far (queued ones too); blocks are freed."""

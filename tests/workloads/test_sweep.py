@@ -123,3 +123,30 @@ def test_a_request_that_does_not_fit_is_refused_before_anything_runs(engine, loc
     with pytest.raises(ValueError, match="max_tokens: 500 plus a"):
         Sweep(engine, local, PROMPTS, SweepPlan(levels=(1,), max_tokens=500))
     assert engine.stats().num_finished == before
+
+
+@pytest.mark.model
+def test_a_page_sweep_starts_once_the_page_has_drawn_it(engine, local):
+    before = engine.stats().num_finished
+    plan = SweepPlan(levels=(1,), max_tokens=2)
+    sweep = Sweep(engine, local, PROMPTS, plan, page_wait_s=60.0, interval=0.02).start()
+    try:
+        # not drawn yet: nothing is sent (checked over a few of the sweep's intervals)
+        for _ in range(10):
+            assert sweep.snapshot().phase == "waiting" and not sweep.snapshot().points
+            assert engine.stats().num_finished == before and sweep.join(timeout=0.02) is False
+        sweep.shown()
+        assert sweep.join(timeout=120)
+        assert [p.side for p in sweep.snapshot().points] == ["datacenter", "local"]
+    finally:
+        sweep.stop()
+    assert_idle(engine, local)
+
+
+@pytest.mark.model
+def test_a_page_that_never_draws_the_sweep_only_delays_it(engine, local):
+    sweep = Sweep(engine, local, PROMPTS, SweepPlan(levels=(1,), max_tokens=2),
+                  page_wait_s=0.2).start()
+    assert sweep.join(timeout=120)
+    assert sweep.snapshot().phase == "done" and len(sweep.snapshot().points) == 2
+    assert_idle(engine, local)
