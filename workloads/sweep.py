@@ -169,8 +169,8 @@ class Sweep(BackgroundJob):
     `page_wait_s` (a page's sweep): the first point waits, at most this long, until the
     page has drawn the sweep once (`shown`). That first redraw after Run is the page's
     heaviest (every chart built again), it runs in this process, and the first point is a
-    single short request on one side: measured under it, the datacenter at 1 user read a
-    third of its speed while the local PC, measured after it, did not."""
+    single short request on one side: measured under it, the datacenter at 1 user fell
+    far below the local PC, measured after it."""
 
     def __init__(self, engine: ServingSide, local: ServingSide, prompts: Sequence[Prompt],
                  plan: SweepPlan | None = None, *, heartbeat_timeout: float | None = None,
