@@ -229,6 +229,8 @@ def _current(snap: SweepSnapshot, sweep: Sweep) -> str:
     if snap.current is None:
         return "starting"
     side, level = snap.current
+    if sweep.plan.load_column == "users":
+        return f"{LABELS[side]}, {count(int(level), 'user')}"
     return f"{LABELS[side]}, {level:g} {UNITS[sweep.plan.load_column]}"
 
 

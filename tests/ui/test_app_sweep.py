@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -11,7 +12,7 @@ from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
 from ui import shared, sweep_view
-from workloads.sweep import DEFAULT_USERS
+from workloads.sweep import DEFAULT_USERS, SweepPlan, SweepSnapshot
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("fresh_engine")]
 PAGE = "pages/sweep.py"
@@ -126,3 +127,14 @@ def test_the_calculator_names_an_out_of_range_number_instead_of_dropping_it():
     assert ("Connected users: 0 is out of range; enter a whole number from 1 to "
             "100,000,000") in errors
     assert not at.exception
+
+
+def test_the_progress_names_the_load_being_measured_in_words():
+    def current(plan: SweepPlan, side: str, level: float) -> str:
+        snap = SweepSnapshot("running", 0.0, 0.0, (side, level), (), False, None)
+        return sweep_view._current(snap, SimpleNamespace(plan=plan))
+
+    users = SweepPlan(levels=(1, 2))
+    assert current(users, "datacenter", 1) == "datacenter, 1 user"
+    assert current(users, "local", 2) == "local PC, 2 users"
+    assert current(SweepPlan("rate", (0.5,)), "local", 0.5) == "local PC, 0.5 requests/s"
