@@ -199,15 +199,19 @@ def _live_view(sweep: Sweep | None) -> None:
 
 
 def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
-    """The progress bar and, at the end, how the sweep ended."""
+    """The progress bar and, at the end, how the sweep ended. In presenter mode a finished
+    sweep's sentence takes the bar's place, one line long, so the charts below it stay on
+    a 1280x720 screen."""
     total = 2 * len(sweep.plan.levels)
     if not snap.finished:
         text = (f"Point {len(snap.points) + 1} of {total}: {_current(snap, sweep)} · "
                 f"{fmt_seconds(snap.elapsed)}")
         st.progress(snap.progress, text=text)
         return
-    st.progress(snap.progress, text=f"{len(snap.points)} of {total} points in "
-                                    f"{fmt_seconds(snap.elapsed)}")
+    done = snap.phase == "done" and not snap.error
+    if not (done and presenter.is_on()):
+        st.progress(snap.progress, text=f"{len(snap.points)} of {total} points in "
+                                        f"{fmt_seconds(snap.elapsed)}")
     if snap.error and snap.error.startswith(ENGINE_CHANGED):
         st.warning(f"{snap.error} The points measured before are below.")
     elif snap.error:
@@ -221,7 +225,7 @@ def progress(snap: SweepSnapshot, sweep: Sweep) -> None:
     else:
         with st.container(key="sweep-summary"):
             st.success(summary_sentence(charts.points_frame(rows(snap.points, sweep.plan)),
-                                        sweep.plan.load_column))
+                                        sweep.plan.load_column, short=presenter.is_on()))
 
 
 def _current(snap: SweepSnapshot, sweep: Sweep) -> str:
@@ -238,17 +242,19 @@ def _side(points: pd.DataFrame, name: str) -> pd.DataFrame:
     return points[points["side"] == name] if not points.empty else points
 
 
-def summary_sentence(points: pd.DataFrame, x: str) -> str:
-    """One sentence from the measured points: how each side's total moved with load."""
+def summary_sentence(points: pd.DataFrame, x: str, short: bool = False) -> str:
+    """One sentence from the measured points: how each side's total moved with load
+    (`short`: without the clause on why the local PC stays flat, for one line)."""
     dc, loc = _side(points, DATACENTER), _side(points, LOCAL)
     if dc.empty or loc.empty:
         return "Done."
     y, unit = "throughput_tokens_per_s", UNITS[x]
     first, last = dc.iloc[0], dc.iloc[-1]
     verb = "rose" if last[y] > first[y] else "went"
+    local = "the local PC's" if short else "the local PC, serving one user at a time,"
     return (f"From {first[x]:g} to {last[x]:g} {unit}, the datacenter's total {verb} from "
             f"{fmt_number(first[y])} to {fmt_number(last[y])} tokens/s "
-            f"({last[y] / first[y]:.1f}x); the local PC, serving one user at a time, stayed "
+            f"({last[y] / first[y]:.1f}x); {local} stayed "
             f"between {fmt_number(loc[y].min())} and {fmt_number(loc[y].max())} tokens/s.")
 
 

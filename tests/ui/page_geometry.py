@@ -87,6 +87,9 @@ class PresenterView:
     started: str
     above_fold: tuple[str, ...]
     stop: str | None = None  # the button that ends the scenario, once measured
+    # what the README's screenshot waits for past `started` (None: nothing): a sweep's
+    # image shows its finished points, not the empty charts of its first second
+    shot_when: str | None = None
 
 
 def scrolled(page) -> float:

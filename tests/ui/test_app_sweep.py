@@ -138,3 +138,16 @@ def test_the_progress_names_the_load_being_measured_in_words():
     assert current(users, "datacenter", 1) == "datacenter, 1 user"
     assert current(users, "local", 2) == "local PC, 2 users"
     assert current(SweepPlan("rate", (0.5,)), "local", 0.5) == "local PC, 0.5 requests/s"
+
+
+def test_the_presenters_summary_drops_only_the_local_pcs_clause():
+    dc, local = sweep_view.DATACENTER, sweep_view.LOCAL
+    points = pd.DataFrame({"side": [dc, local, dc, local],
+                           "users": [1, 1, 64, 64],
+                           "throughput_tokens_per_s": [80.0, 90.0, 2000.0, 85.0]})
+    full = sweep_view.summary_sentence(points, "users")
+    short = sweep_view.summary_sentence(points, "users", short=True)
+    assert full == ("From 1 to 64 users, the datacenter's total rose from 80.0 to 2,000 "
+                    "tokens/s (25.0x); the local PC, serving one user at a time, stayed "
+                    "between 85.0 and 90.0 tokens/s.")
+    assert short == full.replace("the local PC, serving one user at a time,", "the local PC's")

@@ -42,7 +42,7 @@ VIEWS = (
                   ("[data-testid='stColumn']:has(.st-key-kv-paged-caption) " + FIRST_CHART,),
                   stop="Stop"),
     PresenterView("sweep", "Sweep", "Run sweep", "[data-testid='stProgress']",
-                  (FIRST_CHART,), stop="Stop"),
+                  (FIRST_CHART,), stop="Stop", shot_when=".st-key-sweep-summary"),
     PresenterView("hardware", "Hardware", None, FIRST_CHART,
                   (FIRST_CHART,)),
     # the scenario's last layout: its verdict, decode figures and both charts
@@ -103,6 +103,9 @@ def test_a_begun_scenario_fits_the_screen(server, browser, shots, view, size):  
     page.locator(view.started).first.wait_for(timeout=RACE_TIMEOUT_MS)
     wait_until_fits(page, view.above_fold)
     if size == SHOT_SIZE and view.name != "arena":  # the arena's: once its race has ended
+        if view.shot_when is not None:
+            page.locator(view.shot_when).first.wait_for(timeout=RACE_TIMEOUT_MS)
+            wait_until_fits(page, view.above_fold)
         screenshot(page, shots / f"presenter_{view.name}.png")
     if view.stop is not None:
         click_stop(page, view.stop)
