@@ -418,8 +418,9 @@ def ratio_sentence(snap: RaceSnapshot) -> str:
     """The race in one short sentence: "The datacenter served 32 users 8.6x faster than
     the local PC (139 against 16 tokens/s in total)."."""
     dc, loc = snap.sides["datacenter"], snap.sides["local"]
-    how = (f"{snap.ratio:.1f}x faster than" if snap.ratio >= 1
-           else f"at {snap.ratio:.1f}x the speed of")
+    shown = round(snap.ratio, 1)  # "1.0x faster" would read as twice as fast to some
+    how = ("about as fast as" if shown == 1 else f"{shown:.1f}x faster than" if shown > 1
+           else f"at {shown:.1f}x the speed of")
     return (f"The datacenter served {count(dc.num_users, 'user')} {how} the local PC "
             f"({_rate(dc.total_tokens_per_s)} against {_rate(loc.total_tokens_per_s)} "
             "tokens/s in total).")

@@ -58,6 +58,10 @@ def test_the_ratio_sentence_names_users_speed_and_totals():
         "tokens/s in total).")
     slow = ratio_sentence(snapshot(local, dc, "done", 0.8))
     assert "at 0.8x the speed of the local PC" in slow
+    for level in (0.96, 1.0, 1.04):  # a ratio that reads 1.0x says so in words
+        assert "served 32 users about as fast as the local PC (" in ratio_sentence(
+            snapshot(local, dc, "done", level))
+    assert "1.1x faster than" in ratio_sentence(snapshot(local, dc, "done", 1.06))
 
 
 def test_the_header_line_says_what_runs_where_in_plain_words():
