@@ -34,6 +34,8 @@ MAX_USERS, MAX_TOKENS = 64, 1024  # the page's ranges (the admin's caps may be l
 MAX_ANSWERS = 8  # answers per user (SamplingParams.n); the engine takes up to 16
 ENDED = ("stopped", "abandoned")
 PRESENTER_ANSWER_PX = 110  # the answer's box in presenter mode: both panels on one screen
+IDLE = "Pick a prompt, set the number of users and press Run."  # before the first race
+IDLE_PRESENTER = "Press a scenario above to start a race."  # presenter mode has no Run
 NO_PACE = "this machine's real speed"
 # Projections the local side can be paced to: (hardware, model, precision) in measure/hardware.py
 EMULATIONS: dict[str, tuple[str, str, str] | None] = {
@@ -220,7 +222,7 @@ def live() -> None:
 
 def _live_view(race: Race | None) -> None:
     if race is None:  # the same layout, empty: pressing Run then only updates it
-        st.info("Pick a prompt, set the number of users and press Run.")
+        st.info(IDLE_PRESENTER if presenter.is_on() else IDLE)
         snap = EMPTY
     else:
         snap = race.snapshot()

@@ -26,8 +26,18 @@ def test_page_shows_controls_presets_and_an_idle_status_strip():
     assert at.number_input(key="arena_users").value == 8
     assert not at.button(key="arena_run").disabled and at.button(key="arena_stop").disabled
     assert "running: 0" in at.caption[0].value
-    assert at.info and "press Run" in at.info[0].value
+    assert at.info and at.info[0].value == arena.IDLE
     assert len(at.get("vega_lite_chart")) == 4  # the live layout is there, empty, before Run
+
+
+def test_presenter_mode_asks_for_a_scenario_where_it_has_no_run_button():
+    at = new_app()
+    at.session_state["presenter"] = True
+    at.run()
+    assert not at.exception
+    assert not [b for b in at.button if b.key == "arena_run"]  # the scenario bar starts races
+    assert at.info and at.info[0].value == arena.IDLE_PRESENTER
+    assert at.button(key="scenario-one_user")  # ... which that sentence points to
 
 
 def test_a_preset_fills_the_prompt():
