@@ -66,6 +66,11 @@ def intro() -> None:
         "each on a PC of their own.")
 
 
+IDLE = "Pick a trace, a layout, a router and an autoscaler, then **Run**."
+# presenter mode: the form and its Run sit in the Settings popover, beside the day's button
+DAY_LABEL = "A day of a 1,000-user service"  # the presenter's button
+IDLE_PRESENTER = (f"Press **{DAY_LABEL}**, or pick your own trace, replicas and autoscaler "
+                  "under **Settings**, then **Run**.")
 DAY_HELP = ("Scripted: 1,000 connected, 200 active, 20 tokens/s each, through a day with a "
             "launch burst; Llama-3.1-70B on 8×H100 replicas")
 
@@ -82,7 +87,7 @@ def scenario() -> tuple[bool, Any]:
         settings = cell.popover("Settings: trace, replicas, autoscaler", width="stretch")
     else:
         button = st
-    if button.button("A day of a 1,000-user service", key=K + "day_button",
+    if button.button(DAY_LABEL, key=K + "day_button",
                      type="primary" if on else "secondary", help=DAY_HELP,
                      width="stretch" if on else "content"):
         st.session_state[KEY_SCENARIO] = True
@@ -179,7 +184,7 @@ def results(params: FleetParams | None, day: bool) -> None:
     elif params is not None:
         s, series = _run(params, params.scenario, params.local_device)
     else:
-        st.info("Pick a trace, a layout, a router and an autoscaler, then **Run**.")
+        st.info(IDLE_PRESENTER if presenter.is_on() else IDLE)
         return
     if presenter.is_on():  # the headline figures and the first charts on one screen
         summary(s, costs=False)

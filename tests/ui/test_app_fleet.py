@@ -53,7 +53,7 @@ def metric(at: AppTest, label: str) -> str:
 
 def test_the_page_asks_for_a_run_first() -> None:
     at = page()
-    assert any("then **Run**" in i.value for i in at.info)
+    assert [i.value for i in at.info] == [view.IDLE]
     assert not at.metric and not at.get("vega_lite_chart")
     # the local PCs by their datasheet names, not their keys
     local = next(w for w in at.selectbox if w.key == view.K + "local")
@@ -109,6 +109,7 @@ def test_presenter_mode_puts_the_day_s_headline_and_first_charts_first() -> None
     at.session_state["presenter"] = True
     at.run()
     assert not at.exception, at.exception
+    assert [i.value for i in at.info] == [view.IDLE_PRESENTER]  # the day's button first
     popover = at.get("popover")[0]  # the form folds into the bar's Settings popover
     assert {getattr(w, "key", None) for w in popover} >= {view.K + "trace", view.K + "layout"}
     press(at, "A day of a 1,000-user service")
