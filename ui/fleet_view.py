@@ -66,9 +66,9 @@ def intro() -> None:
         "each on a PC of their own.")
 
 
+DAY_LABEL = "A day of a 1,000-user service"  # the presenter's button
 IDLE = "Pick a trace, a layout, a router and an autoscaler, then **Run**."
 # presenter mode: the form and its Run sit in the Settings popover, beside the day's button
-DAY_LABEL = "A day of a 1,000-user service"  # the presenter's button
 IDLE_PRESENTER = (f"Press **{DAY_LABEL}**, or pick your own trace, replicas and autoscaler "
                   "under **Settings**, then **Run**.")
 DAY_HELP = ("Scripted: 1,000 connected, 200 active, 20 tokens/s each, through a day with a "
