@@ -279,7 +279,7 @@ def side_panel(view: SideView, snap: RaceSnapshot, note: str | None = None) -> N
             d, e, f = st.columns(3)
             d.metric("Users finished", f"{view.users_finished}/{view.num_users}")
             e.metric("Elapsed", f"{view.elapsed:.1f} s")
-            f.metric("Users ahead of you", _place(view))
+            f.metric("Ahead of you", _place(view))
         if view.acceptance_rate is not None:
             st.caption(speculation_line(view))
         your_answers(view)

@@ -6,6 +6,7 @@ each check reads `getBoundingClientRect()` and the text's line boxes at one mome
     outside_viewport(page, [".st-key-side-local h3"])    -> what is not fully on screen
     overflowing_metrics(page)                             -> every stMetricValue too wide or
                                                              wrapped, with its text and sizes
+    cut_labels(page)                                      -> every stMetricLabel cut short
     assert_fits(page, selectors)                          -> both, as one assertion
 
 A presenter view of a page is one `PresenterView` row (tests/ui/test_browser_presenter.py
@@ -39,6 +40,16 @@ METRICS_JS = """
           lines: lines.length, scrollWidth: el.scrollWidth, clientWidth: el.clientWidth,
           visible: box.width > 0 && box.height > 0};
 })
+"""
+
+# Every shown stMetricLabel's text (its markdown box): a label too long for its column is
+# cut with an ellipsis, so that box scrolls (scrollWidth past clientWidth) without wrapping.
+LABELS_JS = """
+() => [...document.querySelectorAll(
+    '[data-testid="stMetricLabel"] [data-testid="stMarkdownContainer"]')].filter(el => {
+  const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0;
+}).map(el => ({text: el.innerText.trim(), scrollWidth: el.scrollWidth,
+               clientWidth: el.clientWidth}))
 """
 
 BOXES_JS = """
@@ -143,6 +154,13 @@ def overflows(metric: dict) -> str | None:
 def overflowing_metrics(page) -> list[str]:
     """Every metric value wider than its box or wrapped, in words ([] when all fit)."""
     return [why for m in metric_values(page) if (why := overflows(m))]
+
+
+def cut_labels(page) -> list[str]:
+    """Every shown metric label that Streamlit cuts short with an ellipsis (its text wider
+    than its box), in words ([] when all fit)."""
+    return [f"label {m['text']!r} is {m['scrollWidth']} px wide in a {m['clientWidth']} px box"
+            for m in page.evaluate(LABELS_JS) if m["scrollWidth"] > m["clientWidth"] + SLACK_PX]
 
 
 def misfits(page, selectors: list[str] | tuple[str, ...]) -> list[str]:

@@ -63,12 +63,14 @@ def test_the_figures_are_the_projection_s() -> None:
     layout = P.Layout("llama-3.1-70b", "h100_sxm", "trtllm", tp=8)
     step = P.decode_step(layout, 64, 2048)
     assert metric(at, "Tokens/s total (batch 64)") == view.fmt_number(64 / step.seconds)
-    assert metric(at, "Communication share of the step") == f"{step.communication_share:.0%}"
+    assert metric(at, "Communication share") == f"{step.communication_share:.0%}"
     assert metric(at, "Prefill of 2,048 tokens") == view.fmt_seconds(
         P.prefill_seconds(layout, 2048))
     assert metric(at, "KV capacity (tokens)") == f"{P.kv_capacity_tokens(layout):,}"
     plan = cap.plan(layout, cap.Demand(prompt_tokens=2048), cap.Slo())
     assert metric(at, "GPUs") == f"{plan.gpus:,}"
+    assert metric(at, "TPOT") == f"{plan.tpot_s * 1e3:,.0f} ms"  # apart: each fits its column
+    assert metric(at, "TTFT") == view.fmt_seconds(plan.ttft_s)
     assert "4,000 tokens/s needed" in " ".join(m.value for m in at.markdown)
 
 
@@ -142,7 +144,7 @@ def test_presenter_bar_steps_the_controls_through_the_scenario_s_layouts() -> No
         step = P.decode_step(layout, batch, 2048)
         assert metric(at, f"Tokens/s total (batch {batch})") == view.fmt_number(
             batch / step.seconds)
-        assert metric(at, "Communication share of the step") == (
+        assert metric(at, "Communication share") == (
             f"{step.communication_share:.0%}")
         primary = [b.key for b in at.button if b.proto.type == "primary"]
         assert primary == [f"dc_stage_{stage}"]  # the bar highlights the layout shown

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from page_geometry import cut_labels, overflowing_metrics
 from polling import wait_for
 
 from server.child import child_server, free_port
@@ -368,4 +369,23 @@ def test_four_answers_scenario_shows_shared_blocks_and_the_saving(server, browse
     result = page.locator(".st-key-kv-result")
     result.wait_for(timeout=RACE_TIMEOUT_MS)
     assert "at its peak, KV shared:" in result.inner_text()
+    page.context.close()
+
+
+# each page's last metric label: once it shows, the page has drawn every figure
+LAST_FIGURE = {"": "Ahead of you", "sweep": "Datacenter ÷ local PC", "kv_cache": "Preemptions",
+               "hardware": "Response", "datacenter": "TTFT"}
+
+
+def test_every_page_s_figures_fit_a_laptop_screen_beside_the_sidebar(server, browser):
+    """Normal mode at 1440x900, a common laptop's screen, with the sidebar open: no metric
+    value or label on any page is cut short (six figures in one row cut "0 / 2,912" and
+    "Prefix-cache hit rate" short there)."""
+    page = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+    page.set_default_timeout(120_000)
+    for path, last in LAST_FIGURE.items():
+        page.goto(f"{server}/{path}")
+        page.locator("[data-testid='stMetricLabel']", has_text=last).first.wait_for()
+        problems = overflowing_metrics(page) + cut_labels(page)
+        assert not problems, (path or "arena", problems)
     page.context.close()
