@@ -226,10 +226,10 @@ def _live_view(race: Race | None) -> None:
         snap = EMPTY
     else:
         snap = race.snapshot()
-    if snap.finished and presenter.is_on():
-        ratio_line(snap)  # above both panels: the race's outcome in one sentence
-    local_col, dc_col = st.columns(2, gap="large")
     note = race.local.stats(steps_after=None).emulated if race is not None else None
+    if snap.finished and presenter.is_on():
+        ratio_line(snap, note)  # above both panels: the race's outcome in one sentence
+    local_col, dc_col = st.columns(2, gap="large")
     with local_col:
         side_panel(snap.sides["local"], snap, note)
         server_panel(race.local if race is not None else None)
@@ -238,7 +238,7 @@ def _live_view(race: Race | None) -> None:
         server_panel(race.engine if race is not None else None)
     live_charts(snap)
     if snap.finished:
-        results(snap)
+        results(snap, note)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -371,8 +371,9 @@ def live_charts(snap: RaceSnapshot) -> None:
         cell.vega_lite_chart(frames.as_table(cols)(snap), copy.deepcopy(vega), width="stretch")
 
 
-def results(snap: RaceSnapshot) -> None:
-    """The one-sentence summary and the per-request table with its CSV."""
+def results(snap: RaceSnapshot, note: str | None = None) -> None:
+    """The one-sentence summary and the per-request table with its CSV; `note` labels the
+    local side's emulation."""
     if snap.error and snap.error.startswith(ENGINE_CHANGED):
         st.warning(snap.error)  # not an error of the race: the engine was replaced under it
     elif snap.error:
@@ -381,7 +382,7 @@ def results(snap: RaceSnapshot) -> None:
         st.warning(stopped_sentence(snap))
     elif snap.ratio is not None and not presenter.is_on():  # presenter mode: above the panels
         with st.container(key="summary"):
-            st.success(summary_sentence(snap))
+            st.success(summary_sentence(snap, note))
     df = frames.rows_frame(snap)
     if not df.empty:
         st.dataframe(df, hide_index=True)
@@ -399,33 +400,46 @@ def stopped_sentence(snap: RaceSnapshot) -> str:
             "their KV blocks freed.")
 
 
-def summary_sentence(snap: RaceSnapshot) -> str:
-    """One sentence for a race that ran to the end: both sides' totals and their ratio."""
+def summary_sentence(snap: RaceSnapshot, note: str | None = None) -> str:
+    """One sentence for a race that ran to the end: both sides' totals and their ratio
+    (and the local side's pace, when `note` labels an emulation)."""
     dc, loc = snap.sides["datacenter"], snap.sides["local"]
     users = "1 user" if dc.num_users == 1 else f"{dc.num_users} users at once"
     return (f"With {users}, the datacenter engine generated {_rate(dc.total_tokens_per_s)} "
             f"tokens/s in total, {snap.ratio:.1f}x the local PC's "
-            f"{_rate(loc.total_tokens_per_s)} tokens/s serving one user at a time.")
+            f"{_rate(loc.total_tokens_per_s)} tokens/s serving one user at a time."
+            + pace_sentence(note))
 
 
-def ratio_line(snap: RaceSnapshot) -> None:
+def ratio_line(snap: RaceSnapshot, note: str | None = None) -> None:
     """Presenter mode, once a race has ended: its outcome above both panels."""
     if snap.ratio is None or snap.error or snap.phase in ENDED:
         return  # the reason shows under the charts (results)
     with st.container(key="summary"):
-        st.success(ratio_sentence(snap))
+        st.success(ratio_sentence(snap, note))
 
 
-def ratio_sentence(snap: RaceSnapshot) -> str:
+def ratio_sentence(snap: RaceSnapshot, note: str | None = None) -> str:
     """The race in one short sentence: "The datacenter served 32 users 8.6x faster than
-    the local PC (139 against 16 tokens/s in total)."."""
+    the local PC (139 against 16 tokens/s in total)." (and the local side's pace, when
+    `note` labels an emulation)."""
     dc, loc = snap.sides["datacenter"], snap.sides["local"]
     shown = round(snap.ratio, 1)  # "1.0x faster" would read as twice as fast to some
     how = ("about as fast as" if shown == 1 else f"{shown:.1f}x faster than" if shown > 1
            else f"at {shown:.1f}x the speed of")
     return (f"The datacenter served {count(dc.num_users, 'user')} {how} the local PC "
             f"({_rate(dc.total_tokens_per_s)} against {_rate(loc.total_tokens_per_s)} "
-            "tokens/s in total).")
+            "tokens/s in total)." + pace_sentence(note))
+
+
+def pace_sentence(note: str | None) -> str:
+    """What a paced race's ratio compares, for the sentences above: a projection of another
+    model on another device against the datacenter's real run ("" for an unpaced race)."""
+    if not note:
+        return ""
+    pace = note.removeprefix("emulated: ").removesuffix(" (projected)")
+    return (f" The local PC ran at the projected pace of {pace}; the datacenter ran its own "
+            "model at its real speed.")
 
 
 def _rate(tokens_per_s: float) -> str:

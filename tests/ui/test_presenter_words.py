@@ -6,7 +6,8 @@ import dataclasses
 
 from test_status_line import stats
 
-from ui.arena import EMPTY, headline_sentence, ratio_sentence
+from measure.hardware import Emulation
+from ui.arena import EMPTY, headline_sentence, ratio_sentence, summary_sentence
 from ui.clicker import NEXT, PREVIOUS, pick
 from ui.status import where_line
 from workloads.race import SideView
@@ -62,6 +63,20 @@ def test_the_ratio_sentence_names_users_speed_and_totals():
         assert "served 32 users about as fast as the local PC (" in ratio_sentence(
             snapshot(local, dc, "done", level))
     assert "1.1x faster than" in ratio_sentence(snapshot(local, dc, "done", 1.06))
+
+
+def test_a_paced_race_s_sentences_say_the_local_speed_is_another_model_s_projection():
+    dc = side("datacenter", users=1, done=1, finished=True, elapsed=0.6, tps=105.0)
+    local = side("local", users=1, done=1, finished=True, elapsed=16.0, tps=1.0)
+    snap = snapshot(local, dc, "done", 105.0)
+    note = Emulation("laptop_cpu", "llama-2-70b", "int4").label
+    for sentence in (ratio_sentence(snap, note), summary_sentence(snap, note)):
+        assert "105.0x" in sentence
+        assert sentence.endswith(
+            " The local PC ran at the projected pace of Llama-2-70B int4 on Laptop CPU "
+            "(DDR5-5600, 32 GB); the datacenter ran its own model at its real speed.")
+    assert ratio_sentence(snap).endswith("in total).")  # unpaced: no word of a pace
+    assert summary_sentence(snap).endswith("serving one user at a time.")
 
 
 def test_the_header_line_says_what_runs_where_in_plain_words():
