@@ -38,7 +38,7 @@ from ui.datacenter_charts import (
     local_chart,
     scenario_chart,
 )
-from ui.hardware_view import fmt_number, fmt_seconds
+from ui.hardware_view import fmt_count, fmt_number, fmt_seconds
 
 K = "dc_"  # widget key prefix
 KEY_MODEL, KEY_SYSTEM, KEY_BACKEND = K + "model", K + "system", K + "backend"
@@ -161,8 +161,8 @@ def fit(choice: Choice) -> None:
     b.metric("KV cache per GPU (GiB)", fmt_number(mem.kv_bytes / GIB),
              help="What the engine may use for KV cache after weights, activations and "
                   "runtime buffers")
-    c.metric("KV capacity (tokens)", f"{mem.kv_tokens:,}",
-             help="Tokens of KV cache the whole replica holds")
+    c.metric("KV capacity (tokens)", fmt_count(mem.kv_tokens),
+             help=f"Tokens of KV cache the whole replica holds: {mem.kv_tokens:,}")
     d.metric(f"Max batch at {choice.context:,} tokens",
              f"{P.max_batch(layout, choice.context):,}")
 

@@ -66,7 +66,7 @@ def test_the_figures_are_the_projection_s() -> None:
     assert metric(at, "Communication share") == f"{step.communication_share:.0%}"
     assert metric(at, "Prefill of 2,048 tokens") == view.fmt_seconds(
         P.prefill_seconds(layout, 2048))
-    assert metric(at, "KV capacity (tokens)") == f"{P.kv_capacity_tokens(layout):,}"
+    assert metric(at, "KV capacity (tokens)") == view.fmt_count(P.kv_capacity_tokens(layout))
     plan = cap.plan(layout, cap.Demand(prompt_tokens=2048), cap.Slo())
     assert metric(at, "GPUs") == f"{plan.gpus:,}"
     assert metric(at, "TPOT") == f"{plan.tpot_s * 1e3:,.0f} ms"  # apart: each fits its column

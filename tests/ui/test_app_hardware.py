@@ -212,3 +212,5 @@ def test_formats_read_well_on_a_projector():
         "1,234", "56.7", "8.90", "0.277"]
     assert [view.fmt_seconds(s) for s in (0.3994, 8.712, 1853.0, 9000.0)] == [
         "399 ms", "8.71 s", "30.9 min", "2.50 h"]
+    assert [view.fmt_count(n) for n in (0, 123_456, 999_999, 1_393_528, 12_500_000)] == [
+        "0", "123,456", "999,999", "1.39M", "12.5M"]
