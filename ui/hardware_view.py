@@ -264,12 +264,12 @@ def response(choice: Choice) -> None:
     rate = decode_tokens_per_s(m, prec, h, choice.batch, mean_context).per_user
     total = response_seconds(m, prec, h, ctx, answer, choice.batch)
     assert math.isclose(prefill + answer / rate, total), (prefill, answer, rate, total)
-    # two a row: three in half the page cut "347 ms" short on a 1366 px laptop screen
-    a, b = st.columns(2)
+    # one row on a presenter's full-width screen; two a row beside the sidebar, where
+    # three in half the page cut "347 ms" short on a 1366 px laptop screen
+    a, b, c = st.columns(3) if presenter.is_on() else [*st.columns(2), st.columns(2)[0]]
     a.metric("Prefill (TTFT)", fmt_seconds(prefill), help="Time to first token")
     b.metric("Tokens/s each", fmt_number(rate),
              help="Per user, at the mean context while answering")
-    c, _ = st.columns(2)
     c.metric("Response", fmt_seconds(total), help="Prefill + answer tokens / tokens/s")
     st.latex(r"\begin{aligned} t_\text{response} &= t_\text{prefill} + \frac{\text{output "
              r"tokens}}{\text{tokens/s}} \\ "
