@@ -154,6 +154,12 @@ UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "modalities": (lambda v: _absent(v) or v == ["text"], "only text output is supported here"),
     "prediction": (_absent, "predicted outputs are not supported here"),
     "web_search_options": (_absent, "web search is not supported here"),
+    "reasoning_effort": (lambda v: v is None, "the served model does not reason, so "
+                         "reasoning_effort is not supported here"),
+    "verbosity": (lambda v: v is None or v == "medium", "verbosity is not supported here"),
+    "store": (_absent, "completions are not stored here"),
+    "service_tier": (lambda v: v in (None, "auto", "default"),
+                     "service tiers are not offered here"),
 }
 CHAT_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "echo": (_absent, "only /v1/completions takes echo"),
@@ -235,6 +241,9 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         raise bad_request(f"stream_options must be an object, got {shown(options)}",
                           "stream_options")
     include_usage = _bool(options or {}, "include_usage", False, "stream_options.include_usage")
+    if options and not stream:  # as vLLM: options for a stream that is not one
+        raise bad_request(f"stream_options: only with stream=true (got {shown(options)})",
+                          "stream_options")
     max_tokens_param = next((f for f in max_tokens_fields if body.get(f) is not None), None)
     min_tokens = _int(body, "min_tokens", 0)
     default = CHAT_DEFAULT_MAX_TOKENS if chat else COMPLETION_DEFAULT_MAX_TOKENS

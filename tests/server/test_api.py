@@ -122,6 +122,8 @@ def test_parse_chat_content_parts_and_max_completion_tokens():
     (False, {"prompt": "Hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     (False, {"prompt": "Hi", "stream_options": {"include_usage": 1}},
      "stream_options.include_usage"),
+    (True, {"messages": [{"role": "user", "content": "Hi"}],
+            "stream_options": {"include_usage": True}}, "stream_options"),
     (False, {"prompt": "   "}, "prompt"),
     (False, {}, "prompt"),
     (False, {"prompt": [["a", "b"]]}, "prompt"),

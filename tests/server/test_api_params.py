@@ -72,6 +72,10 @@ UNSUPPORTED = [
     (True, "modalities", ["text", "audio"]),
     (True, "prediction", {"type": "content", "content": "x"}),
     (True, "web_search_options", {"search_context_size": "low"}),
+    (True, "reasoning_effort", "low"),
+    (True, "verbosity", "low"),
+    (True, "store", True),
+    (False, "service_tier", "flex"),
     (True, "echo", True),
     (True, "continue_final_message", True),
     (True, "add_generation_prompt", False),
@@ -99,6 +103,8 @@ def test_a_field_this_server_does_not_implement_is_a_400_naming_it(chat, field, 
     ("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"}),
     ("best_of", 1), ("suffix", None), ("skip_special_tokens", True), ("modalities", ["text"]),
     ("user", "someone"), ("frobnicate", {"x": 1}),  # unknown fields stay ignored, as vLLM's
+    ("reasoning_effort", None), ("verbosity", "medium"), ("store", False),
+    ("service_tier", "auto"), ("stream_options", None), ("stream_options", {}),
 ])
 def test_the_default_of_such_a_field_and_unknown_fields_are_accepted(field, value):
     req = protocol.parse_chat(_body(True, field, value), STUB_MODEL)
