@@ -35,6 +35,7 @@ from fleet.scenarios import (
 from measure.hardware import HARDWARE
 from ui import fleet_charts as charts
 from ui import presenter
+from ui.hardware_view import fmt_seconds
 
 K = "fleet_"
 KEY_RUN, KEY_SCENARIO = K + "params", K + "scenario"
@@ -66,6 +67,8 @@ def intro() -> None:
         "each on a PC of their own.")
 
 
+LATENCY_FIGURES = {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "tpot_p50_s": "TPOT p50",
+                   "tpot_p99_s": "TPOT p99"}  # the summary's keys and their labels
 DAY_LABEL = "A day of a 1,000-user service"  # the presenter's button
 IDLE = "Pick a trace, a layout, a router and an autoscaler, then **Run**."
 # presenter mode: the form and its Run sit in the Settings popover, beside the day's button
@@ -203,13 +206,22 @@ def summary(s: dict[str, Any], costs: bool = True) -> None:
                 f"{ROUTER_NAMES.get(s['router'], s['router'])}: {s['requests']:,} requests "
                 f"over {s['simulated_s'] / 3600:.2f} simulated hours "
                 f"(simulated in {s['wall_s']:.1f} s).")
-    cols = st.container(key="fleet-headline").columns(4)
-    cols[0].metric("TTFT p50 / p99", f"{s['ttft_p50_s'] * 1e3:,.0f} / "
-                   f"{s['ttft_p99_s'] * 1e3:,.0f} ms")
-    cols[1].metric("TPOT p50 / p99", f"{s['tpot_p50_s'] * 1e3:,.1f} / "
-                   f"{s['tpot_p99_s'] * 1e3:,.1f} ms")
-    cols[2].metric("Throughput", f"{s['throughput_tokens_per_s']:,.0f} tokens/s")
-    cols[3].metric("Finished / dropped", f"{s['finished']:,} / {s['dropped']:,}")
+    head = st.container(key="fleet-headline")
+    if presenter.is_on():  # one row across the projector's screen, above the charts
+        cols = head.columns(4)
+        cols[0].metric("TTFT p50 / p99",
+                       f"{fmt_seconds(s['ttft_p50_s'])} / {fmt_seconds(s['ttft_p99_s'])}")
+        cols[1].metric("TPOT p50 / p99",
+                       f"{fmt_seconds(s['tpot_p50_s'])} / {fmt_seconds(s['tpot_p99_s'])}")
+        cols[2].metric("Throughput", f"{s['throughput_tokens_per_s']:,.0f} tokens/s")
+        cols[3].metric("Finished / dropped", f"{s['finished']:,} / {s['dropped']:,}")
+    else:  # beside the sidebar a quarter of a laptop screen holds one figure, not two
+        cols = [*head.columns(4), *head.columns(4)]
+        for col, (key, label) in zip(cols, LATENCY_FIGURES.items(), strict=False):
+            col.metric(label, fmt_seconds(s[key]))
+        cols[4].metric("Throughput (tokens/s)", f"{s['throughput_tokens_per_s']:,.0f}")
+        cols[5].metric("Finished", f"{s['finished']:,}")
+        cols[6].metric("Dropped", f"{s['dropped']:,}")
     if costs:
         cost_row(s)
 
@@ -247,7 +259,7 @@ def local_block(s: dict[str, Any]) -> None:
     cols = st.columns(3)
     cols[0].metric("PCs", f"{loc['pcs']:,}", help="one per connected user (or per user "
                    "in the system at the busiest moment, for a trace without users)")
-    cols[1].metric("Speed per user", f"{loc['per_user_tokens_per_s']:,.1f} tokens/s",
+    cols[1].metric("Speed per user (tokens/s)", f"{loc['per_user_tokens_per_s']:,.1f}",
                    help=f"{loc['device_name']}: roofline ceiling, {loc['bound']}-bound")
     cols[2].metric("Energy per token", f"{loc['joules_per_token']:.2f} J",
                    help=f"{loc['watts']:g} W: {loc['power_source']}")

@@ -264,10 +264,10 @@ def headline(points: pd.DataFrame, x: str) -> None:
     dc, loc = _side(points, DATACENTER), _side(points, LOCAL)
     y, unit = "throughput_tokens_per_s", UNITS[x]
     if dc.empty:
-        a.metric("Datacenter, best total tokens/s", "—")
+        a.metric("Best datacenter tokens/s", "—")
     else:
         best = dc.loc[dc[y].idxmax()]
-        a.metric(f"Datacenter, best total tokens/s (at {best[x]:g} {unit})",
+        a.metric(f"Best datacenter tokens/s ({best[x]:g} {unit})",
                  fmt_number(best[y]))
     b.metric("Local PC, total tokens/s",
              "—" if loc.empty else f"{fmt_number(loc[y].min())}–{fmt_number(loc[y].max())}")
@@ -394,7 +394,7 @@ def calculator(points: pd.DataFrame, x: str) -> None:
     d, e, f, g = st.columns(4)
     d.metric("Active users", f"{active:,}")
     e.metric("Needed tokens/s", fmt_number(needed))
-    f.metric("Measured capacity (tokens/s)", fmt_number(capacity),
+    f.metric("Measured tokens/s", fmt_number(capacity),
              help=f"The best datacenter total of the sweep, at {best[x]:g} {UNITS[x]}")
     g.metric("Machines like this one", f"{math.ceil(needed / capacity):,}")
     text = (f"{count(connected, 'connected user')} with {share}% active "

@@ -65,10 +65,11 @@ def test_a_run_shows_the_simulations_own_figures_and_every_chart() -> None:
     pick(at, **SMALL)
     press(at, "Run")
     s, _ = run_scenario(FleetParams(**SMALL).scenario())
-    assert metric(at, "Finished / dropped") == f"{s['finished']:,} / {s['dropped']:,}"
+    assert metric(at, "Finished") == f"{s['finished']:,}"
+    assert metric(at, "Dropped") == f"{s['dropped']:,}"
     assert metric(at, "GPU-hours") == f"{s['gpu_hours']:,.1f}"
-    assert metric(at, "TTFT p50 / p99") == (f"{s['ttft_p50_s'] * 1e3:,.0f} / "
-                                            f"{s['ttft_p99_s'] * 1e3:,.0f} ms")
+    for key, label in view.LATENCY_FIGURES.items():  # one figure each beside the sidebar
+        assert metric(at, label) == view.fmt_seconds(s[key])
     assert metric(at, "PCs") == f"{s['local']['pcs']:,}"
     assert len(at.get("vega_lite_chart")) == 5
 

@@ -81,7 +81,7 @@ def test_a_tiny_sweep_runs_to_a_summary_table_and_csv(downloads):
     assert list(csv["output_tokens"]) == [2, 2, 4, 4] and list(csv.columns) == list(table)
     assert len(at.get("vega_lite_chart")) == 5
     best = table[table["side"] == "datacenter"]["throughput_tokens_per_s"].max()
-    assert metric(at, "Measured capacity") == sweep_view.fmt_number(best)
+    assert metric(at, "Measured tokens/s") == sweep_view.fmt_number(best)
     assert not at.button(key="sweep_run_button").disabled  # inputs are enabled again
 
 

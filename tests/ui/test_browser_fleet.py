@@ -4,6 +4,7 @@ the form, its figures and charts drawn, and the presenter's day."""
 from __future__ import annotations
 
 import pytest
+from page_geometry import cut_labels, overflowing_metrics
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]  # the app loads the shared engine
 
@@ -29,8 +30,14 @@ def test_a_short_run_draws_its_figures_and_charts(server, browser, tmp_path):
     text = page.locator("[data-testid='stMarkdownContainer']").filter(
         has_text="simulated hours (simulated in").first.inner_text()
     assert "over 0.05 simulated hours" in text
-    finished = page.locator("[data-testid='stMetric']").filter(has_text="Finished / dropped")
-    done, dropped = finished.locator("[data-testid='stMetricValue']").inner_text().split(" / ")
+    done, dropped = (page.locator("[data-testid='stMetric']").filter(has_text=name)
+                     .locator("[data-testid='stMetricValue']").inner_text()
+                     for name in ("Finished", "Dropped"))
     assert int(done.replace(",", "")) > 0 and dropped == "0"
     page.screenshot(path=str(tmp_path / "fleet.png"), full_page=True)
     assert (tmp_path / "fleet.png").stat().st_size > 10_000
+    # the run's figures fit a 1280 px laptop screen beside the sidebar ("138.7 / 153.4 ms"
+    # in one figure did not)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.wait_for_timeout(500)
+    assert not overflowing_metrics(page) + cut_labels(page)
