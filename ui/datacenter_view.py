@@ -415,6 +415,12 @@ def _demand_inputs(prompt: int) -> tuple[cap.Demand, cap.Slo]:
             cap.Slo(float(ttft_s), float(tpot_ms) / 1e3))
 
 
+def fmt_latency(seconds: float) -> str:
+    """A latency in a fifth of a laptop screen: whole ms under a second ("67 ms", where
+    "67.4 ms" overflows at 1280 px), then s, min or h."""
+    return f"{seconds * 1e3:,.0f} ms" if seconds < 1 else fmt_seconds(seconds)
+
+
 def capacity(choice: Choice) -> tuple[cap.CapacityPlan, cap.Demand]:
     """Users -> tokens/s needed -> replicas of the chosen layout at the SLO."""
     st.subheader("How many GPUs for your users?")
@@ -436,8 +442,8 @@ def capacity(choice: Choice) -> tuple[cap.CapacityPlan, cap.Demand]:
     c.metric("Batch per replica", f"{result.batch:,}", help="Users each replica serves at once")
     # TTFT and TPOT apart: as one figure ("113 ms / 30 ms") they overflow a column beside
     # the sidebar; each sits under its target's field above
-    d.metric("TTFT", fmt_seconds(result.ttft_s), help="Time to first token")
-    e.metric("TPOT", f"{result.tpot_s * 1e3:,.0f} ms", help="Time per output token")
+    d.metric("TTFT", fmt_latency(result.ttft_s), help="Time to first token")
+    e.metric("TPOT", fmt_latency(result.tpot_s), help="Time per output token")
     st.caption(f"The fewest replicas whose batch of users each get a token every "
                f"{result.tpot_s * 1e3:,.1f} ms (target {slo.tpot_s * 1e3:,.0f} ms) with "
                f"their prompts' prefills taking {result.prefill_share:.0%} of each "

@@ -69,8 +69,8 @@ def test_the_figures_are_the_projection_s() -> None:
     assert metric(at, "KV capacity (tokens)") == view.fmt_count(P.kv_capacity_tokens(layout))
     plan = cap.plan(layout, cap.Demand(prompt_tokens=2048), cap.Slo())
     assert metric(at, "GPUs") == f"{plan.gpus:,}"
-    assert metric(at, "TPOT") == f"{plan.tpot_s * 1e3:,.0f} ms"  # apart: each fits its column
-    assert metric(at, "TTFT") == view.fmt_seconds(plan.ttft_s)
+    assert metric(at, "TPOT") == view.fmt_latency(plan.tpot_s)  # apart: each fits its column
+    assert metric(at, "TTFT") == view.fmt_latency(plan.ttft_s)
     assert "4,000 tokens/s needed" in " ".join(m.value for m in at.markdown)
 
 
