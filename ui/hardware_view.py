@@ -256,8 +256,8 @@ def decode(choice: Choice) -> None:
 
 def figure_columns() -> list:
     """Columns for a half page's three figures: one row on a presenter's full-width screen;
-    two a row beside the sidebar, where three in half a 1366 px laptop screen cut "347 ms"
-    and "14,557" short."""
+    two a row beside the sidebar, where three in half a laptop screen cut "347 ms" short
+    at 1366 px and "14,557" at 1280."""
     return st.columns(3) if presenter.is_on() else [*st.columns(2), st.columns(2)[0]]
 
 
