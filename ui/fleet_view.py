@@ -217,7 +217,7 @@ def summary(s: dict[str, Any], costs: bool = True) -> None:
         cols[3].metric("Finished / dropped", f"{s['finished']:,} / {s['dropped']:,}")
     else:  # beside the sidebar a quarter of a laptop screen holds one figure, not two
         cols = [*head.columns(4), *head.columns(4)]
-        for col, (key, label) in zip(cols, LATENCY_FIGURES.items(), strict=False):
+        for col, (key, label) in zip(cols[:4], LATENCY_FIGURES.items(), strict=True):
             col.metric(label, fmt_seconds(s[key]))
         cols[4].metric("Throughput (tokens/s)", f"{s['throughput_tokens_per_s']:,.0f}")
         cols[5].metric("Finished", f"{s['finished']:,}")

@@ -209,7 +209,8 @@ def fit(choice: Choice) -> None:
     m, hw = choice.model, choice.hw
     report = fits(m, choice.precision, hw, choice.context, choice.batch)
     st.subheader("Does it fit?")
-    a, b, c = figure_columns()
+    # two a row beside the sidebar: three in half a laptop screen cut "14,557" at 1280 px
+    a, b, c = presenter.metric_columns(3, 2)
     a.metric(f"Fits in {fmt_gib(hw.memory_gb)} GiB", "Yes" if report.fits else "No",
              delta=f"{gib(report.headroom_bytes):+,.1f} GiB")
     b.metric("Needs (GiB)", fmt_number(gib(report.total_bytes)),
@@ -254,13 +255,6 @@ def decode(choice: Choice) -> None:
                f"{p.note}.{offload}")
 
 
-def figure_columns() -> list:
-    """Columns for a half page's three figures: one row on a presenter's full-width screen;
-    two a row beside the sidebar, where three in half a laptop screen cut "347 ms" short
-    at 1366 px and "14,557" at 1280."""
-    return st.columns(3) if presenter.is_on() else [*st.columns(2), st.columns(2)[0]]
-
-
 def response(choice: Choice) -> None:
     """Time to a whole answer: prefill of the context, then the answer at decode speed."""
     st.subheader("Time to an answer")
@@ -271,7 +265,7 @@ def response(choice: Choice) -> None:
     rate = decode_tokens_per_s(m, prec, h, choice.batch, mean_context).per_user
     total = response_seconds(m, prec, h, ctx, answer, choice.batch)
     assert math.isclose(prefill + answer / rate, total), (prefill, answer, rate, total)
-    a, b, c = figure_columns()
+    a, b, c = presenter.metric_columns(3, 2)  # three a row cut "347 ms" at 1366 px
     a.metric("Prefill (TTFT)", fmt_seconds(prefill), help="Time to first token")
     b.metric("Tokens/s each", fmt_number(rate),
              help="Per user, at the mean context while answering")

@@ -189,7 +189,7 @@ def figures(kv: KVCacheStats, stats: ServingStats) -> None:
     """Usage, waste, prefix-cache hit rate and preemptions of the engine shown: one row on
     a presenter's full-width screen, two rows of three beside the sidebar, where six
     columns cut "1,234 / 2,912" short."""
-    cols = st.columns(6) if presenter.is_on() else [*st.columns(3), *st.columns(3)]
+    cols = presenter.metric_columns(6, 3)
     cols[0].metric("Blocks used", f"{kv.used_blocks:,} / {kv.num_blocks:,}",
                    help="Blocks in some request's block table / blocks in the pool.")
     cols[1].metric("Cached blocks", f"{kv.cached_blocks:,}",

@@ -103,6 +103,14 @@ def figure_height(px: int) -> int | str:
     return px if is_on() else "content"
 
 
+def metric_columns(n: int, per_row: int) -> list:
+    """Columns for `n` figures: one row on a presenter's full-width screen; rows of
+    `per_row` beside the sidebar, where n in a row cut a laptop screen's figures short."""
+    if is_on():
+        return st.columns(n)
+    return [col for _ in range(-(-n // per_row)) for col in st.columns(per_row)][:n]
+
+
 def apply_style() -> None:
     """Enlarge text and metrics (call on every run while the mode is on)."""
     st.html(CSS)
