@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from engine.serving import busy_message
@@ -13,6 +14,7 @@ ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -24,11 +26,12 @@ class APIError(Exception):
     """An error the API answers with. `param` names the request field at fault (None when
     no single field is); `type` defaults from the status; `code` is a short machine-readable
     reason such as "model_not_found" (None when the status says enough); `retry_after`:
-    seconds a client should wait before trying again (sent as the `Retry-After` header)."""
+    seconds a client should wait before trying again (sent as the `Retry-After` header);
+    `allow`: the methods a 405's route takes (the `Allow` header)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  type: str | None = None, code: str | None = None,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, allow: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -36,13 +39,16 @@ class APIError(Exception):
         self.type = type or ERROR_TYPES.get(status, "server_error")
         self.code = code
         self.retry_after = retry_after
+        self.allow = tuple(allow)
 
     @property
     def headers(self) -> dict[str, str]:
-        """The response headers this error adds: `Retry-After` in whole seconds (>= 1)."""
-        if self.retry_after is None:
-            return {}
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+        """The response headers this error adds: `Retry-After` in whole seconds (>= 1),
+        `Allow` for a 405."""
+        headers = {"Allow": ", ".join(self.allow)} if self.allow else {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return headers
 
     def __repr__(self) -> str:
         return f"APIError({self.status}, {self.message!r}, param={self.param!r})"

@@ -1,6 +1,7 @@
 """The OpenAI-compatible API as Starlette routes over the datacenter engine.
 
     GET  /v1/models             the served model, with its max_model_len
+    GET  /v1/models/{model}     that model alone, as OpenAI's retrieve (404 for another)
     POST /v1/completions        text or token ids in; whole or streamed (SSE)
     POST /v1/chat/completions   messages in, the model's chat template applied
     POST /tokenize              text or messages -> token ids, as vLLM's server
@@ -8,6 +9,11 @@
     GET  /health                200 while the engine's loop runs, else 503 (no key needed),
                                 with the engine's running / waiting requests and KV blocks
     GET  /metrics               Prometheus text, when an exporter is given (no key needed)
+    GET  /version               batchlens' version, as vLLM's server answers it (no key needed)
+
+Any other /v1 path, or a route asked with the wrong method, is an OpenAI-shaped 404 or 405
+naming the request and the routes served, so a client reaching for an endpoint this server
+lacks (embeddings, say) reads why.
 
 `api_routes` returns the routes, so the dashboard's server mounts them beside its pages on
 the shared engine and `batchlens serve` serves them alone.
@@ -41,6 +47,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Protocol
@@ -68,6 +75,7 @@ HEALTH_TIMEOUT_S = 2.0  # /health answers 503 when the engine is not there by th
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY_BYTES = 2 * 2**20  # far above any prompt that fits a context (413 above it)
 BUSY_RETRY_AFTER_S = 2.0  # Retry-After of a "busy: N waiting" 429
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class MetricsExporter(Protocol):
@@ -93,11 +101,13 @@ def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
                RateLimiter(requests_per_minute, tokens_per_minute))
     routes: list[BaseRoute] = [
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.model, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
     ]
     if metrics is not None:
         async def scrape(request: Request) -> Response:
@@ -105,7 +115,41 @@ def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
             return Response(body, headers={"Content-Type": content_type})
 
         routes.append(Route("/metrics", scrape, methods=["GET"]))
+    # last: Starlette takes a route matching path and method before it
+    routes.append(Route("/v1/{path:path}", _answers_errors(_not_served(routes, api)),
+                        methods=ANY_METHOD))
     return routes
+
+
+async def version(request: Request) -> Response:
+    """GET /version: `{"version": ...}`, as vLLM's server answers it."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+    try:
+        return JSONResponse({"version": package_version("batchlens")})
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return JSONResponse({"version": "unknown"})
+
+
+def _not_served(routes: Sequence[BaseRoute],
+                api: _API) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint behind every other /v1 path: 405 with `Allow` where the path is served
+    with other methods, else 404; both name the request and the routes served."""
+    served = [r for r in routes if isinstance(r, Route)]
+    listing = ", ".join(f"{'/'.join(sorted(r.methods - {'HEAD'}))} "
+                        f"{re.sub(r':[a-z]+}', '}', r.path)}" for r in served if r.methods)
+
+    async def endpoint(request: Request) -> Response:
+        api._authorize(request)
+        asked = f"{request.method} {request.url.path}"
+        allowed = sorted({m for r in served if r.methods and r.path_regex.match(
+            request.url.path) for m in r.methods})
+        if allowed:
+            raise APIError(405, f"{asked}: this route takes {', '.join(allowed)}",
+                           allow=allowed)
+        raise APIError(404, f"{asked} is not served here; this server serves {listing}",
+                       code="route_not_found")
+    return endpoint
 
 
 def error_response(err: APIError) -> Response:
@@ -143,6 +187,7 @@ class _API:
         self.limits = limits
         self.watcher = HandleWatcher()
         self.models = _answers_errors(self._models)
+        self.model = _answers_errors(self._model)
         self.completions = _answers_errors(self._completions)
         self.chat_completions = _answers_errors(self._chat_completions)
         self.tokenize = _answers_errors(self._tokenize)
@@ -154,6 +199,13 @@ class _API:
         engine = await self._engine()
         return JSONResponse(protocol.model_list(self.model_name, engine.loaded.name,
                                                 engine.max_model_len))
+
+    async def _model(self, request: Request) -> Response:
+        self._authorize(request)
+        protocol.check_model({"model": request.path_params["model"]}, self.model_name)
+        engine = await self._engine()
+        return JSONResponse(protocol.model_list(self.model_name, engine.loaded.name,
+                                                engine.max_model_len)["data"][0])
 
     async def _completions(self, request: Request) -> Response:
         key = self._authorize(request)

@@ -279,6 +279,31 @@ def test_models_and_health_over_a_stub(stub, stub_url, stub_client):
     assert httpx.get(stub_url + "/metrics", timeout=10).status_code == 404
 
 
+def test_retrieve_version_and_routes_not_served_are_openai_shaped(stub_url, stub_client):
+    """OpenAI's retrieve and vLLM's /version answer; any other /v1 path is a 404 naming the
+    request and the routes served, a served path with the wrong method a 405 with Allow."""
+    model = stub_client.models.retrieve(STUB_MODEL)
+    assert (model.id, model.max_model_len) == (STUB_MODEL, 2048)
+    with pytest.raises(openai.NotFoundError) as err:
+        stub_client.models.retrieve("gpt-4")
+    assert (err.value.body["param"], err.value.body["code"]) == ("model", "model_not_found")
+    r = httpx.get(stub_url + "/version", timeout=10)
+    assert r.status_code == 200 and r.json()["version"]
+    with pytest.raises(openai.NotFoundError) as err:
+        stub_client.embeddings.create(model=STUB_MODEL, input="Hi")
+    body = err.value.body
+    assert body["code"] == "route_not_found"
+    assert body["message"].startswith("POST /v1/embeddings is not served here")
+    assert "POST /v1/chat/completions" in body["message"]
+    assert "GET /v1/models/{model}" in body["message"]
+    for method, path, allow in (("GET", "/v1/chat/completions", "POST"),
+                                ("POST", "/v1/models", "GET, HEAD"),
+                                ("DELETE", "/v1/models/stub-model", "GET, HEAD")):
+        r = httpx.request(method, stub_url + path, timeout=10)
+        assert (r.status_code, r.headers["allow"]) == (405, allow), (method, path)
+        assert r.json()["error"]["message"] == f"{method} {path}: this route takes {allow}"
+
+
 def test_no_engine_is_503():
     def no_engine():
         raise RuntimeError("still loading")
@@ -355,7 +380,8 @@ def test_an_api_key_guards_every_v1_route_but_not_health_or_metrics(stub):
     routes = api_routes(lambda: stub, model_name=STUB_MODEL, api_key=KEY, metrics=Metrics())
     with serving(routes) as url:
         for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
-                             ("POST", "/v1/chat/completions")]:
+                             ("POST", "/v1/chat/completions"), ("GET", "/v1/models/x"),
+                             ("POST", "/v1/embeddings")]:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
                 r = httpx.request(method, url + path, headers=headers, json={}, timeout=10)
                 assert r.status_code == 401, (path, headers)
@@ -367,6 +393,7 @@ def test_an_api_key_guards_every_v1_route_but_not_health_or_metrics(stub):
             with pytest.raises(openai.BadRequestError):  # past the key, into validation
                 right.completions.create(model=STUB_MODEL, prompt="Hi", max_tokens=0)
         assert httpx.get(url + "/health", timeout=10).status_code == 200
+        assert httpx.get(url + "/version", timeout=10).status_code == 200
         r = httpx.get(url + "/metrics", timeout=10)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         assert r.text.startswith("batchlens:num_requests_running")

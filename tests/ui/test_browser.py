@@ -220,12 +220,17 @@ def test_a_closed_tab_cancels_its_race_and_frees_its_blocks(server, browser):
 
 def test_api_clients_show_on_the_status_strip(server, browser):
     """The dashboard's own port serves the API on the same shared engine: 8 streaming API
-    clients appear on the status strip as running requests (none of them the page's)."""
-    from openai import OpenAI
+    clients appear on the status strip as running requests (none of them the page's). A /v1
+    path it lacks is the API's 404, not a page."""
+    from openai import NotFoundError, OpenAI
 
     page = open_arena(browser, server)
     client = OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
+    assert client.models.retrieve(model).id == model
+    with pytest.raises(NotFoundError) as err:
+        client.embeddings.create(model=model, input="Hi")
+    assert err.value.body["code"] == "route_not_found"
     streams = [client.completions.create(
         model=model, prompt=f"Story number {i}: once upon a time", max_tokens=512,
         stream=True, extra_body={"ignore_eos": True}) for i in range(8)]
