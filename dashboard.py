@@ -47,9 +47,8 @@ page = st.navigation(page_list(), position="top" if wanted else "sidebar")
 holder = shared.shared_engine()
 presenting = presenter.sync_from_url()  # before the toggle widget: it may set its state
 presenter.toggle()
-if presenting:
-    presenter.apply_style()  # sized for a projector; the engine settings stay hidden
-else:
+presenter.apply_style()
+if not presenting:  # a projector's page hides the engine settings
     st.title("A local PC serves one user at a time; a datacenter batches everyone.")
     settings.engine_settings(holder)
 status.status_strip()

@@ -58,6 +58,20 @@ h3, h3 * { font-size: 1.25rem !important; padding-top: 0 !important; padding-bot
 """
 
 
+# Normal mode, at any width: a row of figures that no longer fits its columns (beside the
+# sidebar on a 1024 px tablet or projector) wraps a figure to the next line instead of
+# cutting its value or label short. Only innermost columns holding a figure take the rule,
+# so the arena's two sides stay side by side while the rows inside each side wrap.
+FIT_CSS = """
+<style>
+[data-testid="stColumn"]:has([data-testid="stMetric"]):not(:has([data-testid="stHorizontalBlock"])) {
+  min-width: min-content;
+}
+[data-testid="stMetric"] { min-width: max-content; }
+</style>
+"""
+
+
 def sync_from_url() -> bool:
     """Read `?presenter=` once per run into the session; return whether the mode is on."""
     ss = st.session_state
@@ -112,5 +126,6 @@ def metric_columns(n: int, per_row: int) -> list:
 
 
 def apply_style() -> None:
-    """Enlarge text and metrics (call on every run while the mode is on)."""
-    st.html(CSS)
+    """Presenter mode: enlarge text and metrics; normal mode: let rows of figures wrap
+    (call on every run)."""
+    st.html(CSS if is_on() else FIT_CSS)

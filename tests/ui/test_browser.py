@@ -144,10 +144,12 @@ def test_datacenter_beats_the_local_pc_and_screenshot(server, browser, shots):
     assert page.get_by_label("Your prompt").is_enabled()  # inputs are back after the run
     assert page.get_by_label("Max tokens", exact=True).input_value() == "48"
     # a finished race's figures ("0.16 s", "432.0") fit a 1280 px laptop screen too, where
-    # each side's panel is under a third of the screen beside the sidebar
-    page.set_viewport_size({"width": 1280, "height": 800})
-    page.wait_for_timeout(500)
-    assert not overflowing_metrics(page) + cut_labels(page)
+    # each side's panel is under a third of the screen beside the sidebar, and a 1024 px
+    # tablet's, where each side's rows of figures wrap
+    for width, height in ((1280, 800), (1024, 768)):
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(500)
+        assert not overflowing_metrics(page) + cut_labels(page), width
     # Streamlit scrolls inside the page, so a tall viewport (not full_page) shows it all,
     # from the top: the click on Run leaves the page scrolled down to the race
     page.set_viewport_size({"width": 1600, "height": 3000})
@@ -387,12 +389,16 @@ LAST_FIGURE = {"": "Ahead of you", "sweep": "Datacenter ÷ local PC", "kv_cache"
                "hardware": "Response", "datacenter": "TTFT"}
 
 
-def test_every_page_s_figures_fit_a_laptop_screen_beside_the_sidebar(server, browser):
+@pytest.mark.parametrize(("width", "height"), [(1280, 800), (1024, 768)])
+def test_every_page_s_figures_fit_a_laptop_screen_beside_the_sidebar(server, browser, width,
+                                                                     height):
     """Normal mode at 1280x800, the narrowest common laptop screen (and a projector's),
-    with the sidebar open: no metric value or label on any page is cut short (six figures
-    in one row cut "0 / 2,912" and "Prefix-cache hit rate" short at 1440 px, three in half
-    the Hardware page "347 ms" at 1366, "1,393,528" tokens the Datacenter's at 1280)."""
-    page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+    and 1024x768, a tablet's or an old projector's, with the sidebar open: no metric value
+    or label on any page is cut short (six figures in one row cut "0 / 2,912" and
+    "Prefix-cache hit rate" short at 1440 px, three in half the Hardware page "347 ms" at
+    1366, "1,393,528" tokens the Datacenter's at 1280; at 1024 every page but two cut
+    some, until rows of figures wrapped)."""
+    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
     page.set_default_timeout(120_000)
     for path, last in LAST_FIGURE.items():
         page.goto(f"{server}/{path}")

@@ -37,7 +37,8 @@ def test_a_short_run_draws_its_figures_and_charts(server, browser, tmp_path):
     page.screenshot(path=str(tmp_path / "fleet.png"), full_page=True)
     assert (tmp_path / "fleet.png").stat().st_size > 10_000
     # the run's figures fit a 1280 px laptop screen beside the sidebar ("138.7 / 153.4 ms"
-    # in one figure did not)
-    page.set_viewport_size({"width": 1280, "height": 800})
-    page.wait_for_timeout(500)
-    assert not overflowing_metrics(page) + cut_labels(page)
+    # in one figure did not), and a 1024 px tablet's, where rows of figures wrap
+    for width, height in ((1280, 800), (1024, 768)):
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(500)
+        assert not overflowing_metrics(page) + cut_labels(page), width
