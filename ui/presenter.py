@@ -58,7 +58,7 @@ h3, h3 * { font-size: 1.25rem !important; padding-top: 0 !important; padding-bot
 """
 
 
-# Normal mode, at any width: a row of figures that no longer fits its columns (beside the
+# Normal mode, at any width: a row of figures too wide for its columns (beside the
 # sidebar on a 1024 px tablet or projector) wraps a figure to the next line instead of
 # cutting its value or label short. Only innermost columns holding a figure take the rule,
 # so the arena's two sides stay side by side while the rows inside each side wrap.
