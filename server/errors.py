@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Sequence
 from typing import Any
 
 from engine.serving import busy_message
+
+_SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 60, 60
+_SHOWN.maxlist = _SHOWN.maxdict = 4
 
 # status -> the OpenAI error type a client sees for it
 ERROR_TYPES = {
@@ -69,3 +74,8 @@ def error_body(err: APIError) -> dict[str, Any]:
     """The JSON body of an error response (and of a streamed `error` event)."""
     return {"error": {"message": err.message, "type": err.type, "param": err.param,
                       "code": err.code}}
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` clipped for a message (long strings, deep or long lists shortened)."""
+    return _SHOWN.repr(value)

@@ -9,12 +9,11 @@ token ids, or a list of either: one request each) / `messages` (chat), `max_toke
 `min_p`, `seed`, `stop` (a string or a list), `presence_penalty`, `frequency_penalty`,
 `repetition_penalty`, `logit_bias`, `logprobs` (completions: how many top tokens; chat:
 true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices per prompt),
-`stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`, `min_tokens` and
-`stop_token_ids`. A field OpenAI or vLLM defines that this server does not implement
-(`UNSUPPORTED`: tools, a `response_format` other than text, `suffix`, beam search, guided
-decoding...) is a 400 naming it when it asks for anything but the default; any other
-unknown field is ignored, as vLLM does. A wrong type or a bad value is an `APIError` 400
-whose `param` names the field; body errors come before an unknown model's 404, as vLLM's.
+`stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`, `min_tokens`,
+`stop_token_ids` and `chat_template_kwargs` (chat: extra variables for the model's chat
+template). What is refused and what ignored: `server.fields`. A wrong type or a bad value
+is an `APIError` 400 whose `param` names the field; body errors come before an unknown
+model's 404, as vLLM's.
 
 Default `max_tokens`: 16 for completions, as OpenAI's. For chat, vLLM's default is the
 rest of the context; here it is `CHAT_DEFAULT_MAX_TOKENS` (256), because a small model left
@@ -33,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import reprlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import GREEDY_EPS, SamplingParams
 from engine.models.loaded import Prompt
-from server.errors import APIError, bad_request, error_body
+from server.errors import APIError, bad_request, error_body, shown
+from server.fields import check_supported, ignored_fields
 
 if TYPE_CHECKING:
     from engine import TokenLogprob
@@ -52,9 +51,6 @@ CHAT_DEFAULT_MAX_TOKENS = 256
 FINISH_REASONS = ("stop", "length")  # the engine's other endings are errors on the wire
 SSE_DONE = "data: [DONE]\n\n"
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
-_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 60, 60
-_SHOWN.maxlist = _SHOWN.maxdict = 4
 
 Body = dict[str, Any]
 
@@ -78,6 +74,8 @@ class GenerationRequest:
     max_tokens_param: str | None = None  # the field max_tokens came from; None: the default
     echo: bool = False  # completions: the prompt's text before the answer
     show_prompt_logprobs: bool = False  # vLLM's `prompt_logprobs` field was sent
+    template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # chat only
+    ignored: tuple[str, ...] = ()  # the body's fields this server does not know
 
     @property
     def prompt(self) -> Prompt:
@@ -110,76 +108,10 @@ def engine_error(message: str, *, chat: bool, max_tokens_param: str | None) -> A
     elif word == "logprobs" and chat:
         param = "top_logprobs"
     else:
-        param = word if word in SAMPLING_FIELDS else None
+        param = word if word in SAMPLING_FIELDS or word == "chat_template_kwargs" else None
     if param is not None and param != word:
         message = param + message[len(word):]
     return bad_request(message, param)
-
-
-# ---- what is not implemented ------------------------------------------------------------
-def _absent(value: Any) -> bool:
-    return value is None or value is False or value == [] or value == {}
-
-
-def _text_format(value: Any) -> bool:
-    return _absent(value) or (isinstance(value, dict) and value.get("type") == "text")
-
-
-# field -> (whether a value asks for nothing this server lacks, what is missing), for the
-# fields OpenAI or vLLM defines and this server does not implement
-UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "tools": (_absent, "tool calling is not supported here"),
-    "tool_choice": (lambda v: _absent(v) or v == "none", "tool calling is not supported here"),
-    "functions": (_absent, "function calling is not supported here"),
-    "function_call": (lambda v: _absent(v) or v == "none", "function calling is not supported here"),
-    "response_format": (_text_format, "only the text response format is supported here"),
-    "suffix": (lambda v: _absent(v) or v == "", "suffix (insertion) is not supported here"),
-    "use_beam_search": (_absent, "beam search is not supported here"),
-    "length_penalty": (lambda v: v is None or v == 1, "length_penalty needs beam search, "
-                       "which is not supported here"),
-    "structured_outputs": (_absent, "structured outputs are not supported here"),
-    "guided_json": (_absent, "guided decoding is not supported here"),
-    "guided_regex": (_absent, "guided decoding is not supported here"),
-    "guided_choice": (_absent, "guided decoding is not supported here"),
-    "guided_grammar": (_absent, "guided decoding is not supported here"),
-    "allowed_token_ids": (_absent, "allowed_token_ids is not supported here"),
-    "bad_words": (_absent, "bad_words is not supported here"),
-    "include_stop_str_in_output": (_absent, "include_stop_str_in_output is not supported here"),
-    "skip_special_tokens": (lambda v: v is None or v is True,
-                            "special tokens are always skipped here"),
-    "truncate_prompt_tokens": (_absent, "truncate_prompt_tokens is not supported here"),
-    "return_tokens_as_token_ids": (_absent, "return_tokens_as_token_ids is not supported here"),
-    "prompt_embeds": (_absent, "prompt_embeds is not supported here"),
-    "audio": (_absent, "audio output is not supported here"),
-    "modalities": (lambda v: _absent(v) or v == ["text"], "only text output is supported here"),
-    "prediction": (_absent, "predicted outputs are not supported here"),
-    "web_search_options": (_absent, "web search is not supported here"),
-    "reasoning_effort": (lambda v: v is None, "the served model does not reason, so "
-                         "reasoning_effort is not supported here"),
-    "verbosity": (lambda v: v is None or v == "medium", "verbosity is not supported here"),
-    "store": (_absent, "completions are not stored here"),
-    "service_tier": (lambda v: v in (None, "auto", "default"),
-                     "service tiers are not offered here"),
-}
-CHAT_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "echo": (_absent, "only /v1/completions takes echo"),
-    "continue_final_message": (_absent, "continue_final_message is not supported here"),
-    "add_generation_prompt": (lambda v: v is None or v is True,
-                              "the generation prompt is always added here"),
-}
-
-
-def check_supported(body: Body, chat: bool) -> None:
-    """A 400 naming the first field that asks for something not implemented here."""
-    tables = (UNSUPPORTED, CHAT_UNSUPPORTED) if chat else (UNSUPPORTED,)
-    for table in tables:
-        for name, (fine, why) in table.items():
-            if name in body and not fine(body[name]):
-                raise bad_request(f"{name}: {why} (got {shown(body[name])})", name)
-    options = body.get("stream_options")
-    if isinstance(options, dict) and not _absent(options.get("continuous_usage_stats")):
-        raise bad_request("stream_options.continuous_usage_stats: usage is sent in the "
-                          "closing chunk only", "stream_options.continuous_usage_stats")
 
 
 # ---- request bodies ------------------------------------------------------------------
@@ -189,7 +121,7 @@ def parse_completion(body: Body, model_name: str) -> GenerationRequest:
     req = _request(body, _completion_prompts(body.get("prompt")), chat=False,
                    max_tokens_fields=("max_tokens",))
     check_model(body, model_name)
-    return req
+    return dataclasses.replace(req, ignored=ignored_fields(body, chat=False))
 
 
 def parse_chat(body: Body, model_name: str) -> GenerationRequest:
@@ -197,8 +129,32 @@ def parse_chat(body: Body, model_name: str) -> GenerationRequest:
     check_supported(body, chat=True)
     req = _request(body, (parse_messages(body.get("messages")),), chat=True,
                    max_tokens_fields=("max_completion_tokens", "max_tokens"))
+    kwargs = template_kwargs(body.get("chat_template_kwargs"))
     check_model(body, model_name)
-    return req
+    return dataclasses.replace(req, template_kwargs=kwargs,
+                               ignored=ignored_fields(body, chat=True))
+
+
+# apply_chat_template's own arguments and the variables it gives every template
+TEMPLATE_RESERVED = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "bos_token", "eos_token", "unk_token", "pad_token", "raise_exception", "strftime_now"})
+
+
+def template_kwargs(value: Any) -> dict[str, Any]:
+    """vLLM's `chat_template_kwargs`: an object of extra variables for the chat template
+    (`{"enable_thinking": false}`), none of them one the template is already given."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"chat_template_kwargs must be an object, got {shown(value)}",
+                          "chat_template_kwargs")
+    if taken := sorted(TEMPLATE_RESERVED.intersection(value)):
+        raise bad_request(f"chat_template_kwargs: {', '.join(taken)} is set by the server, "
+                          "not by a request", "chat_template_kwargs")
+    return dict(value)
 
 
 def check_model(body: Body, model_name: str) -> None:
@@ -315,11 +271,6 @@ def _logit_bias(value: Any) -> dict[int, float]:
                               f"{shown(bias)}", "logit_bias")
         out[token] = float(bias)
     return out
-
-
-def shown(value: Any) -> str:
-    """`repr(value)` clipped for a message (long strings, deep or long lists shortened)."""
-    return _SHOWN.repr(value)
 
 
 def check_unicode(text: str, param: str) -> str:

@@ -261,6 +261,9 @@ class _API:
     # ---- generation ------------------------------------------------------------------
     async def _generate(self, request: Request, req: GenerationRequest,
                         key: str | None) -> Response:
+        if req.ignored:  # as vLLM's server: accepted, and said where the operator reads
+            log.warning("%s: fields ignored (unknown here): %s", request.url.path,
+                        ", ".join(req.ignored))
         engine = await self._engine()
         reply = Reply.new(req.chat, self.model_name)
         handles, charge = await self._submit(request, engine, req, reply.id, key)
@@ -314,7 +317,8 @@ class _API:
         checked = []
         for i, prompt in enumerate(req.prompts):
             try:
-                token_ids = await anyio.to_thread.run_sync(engine.loaded.encode, prompt)
+                token_ids = await anyio.to_thread.run_sync(engine.loaded.encode, prompt,
+                                                           req.template_kwargs)
                 one = protocol.fit_default_max_tokens(
                     req, len(token_ids), min(engine.max_model_len, engine.pool_tokens))
                 engine.check(token_ids, one.params)  # a request that cannot run is not charged
@@ -575,13 +579,23 @@ def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
 
 def _tokenize(engine: Engine, body: dict[str, Any]) -> list[int]:
     """POST /tokenize's token ids: a `prompt` as text, or `messages` through the chat
-    template (`add_generation_prompt`, default true), as vLLM's server tokenizes them."""
+    template (`add_generation_prompt`, default true; `chat_template_kwargs`), as vLLM's
+    server tokenizes them."""
     special = protocol.flag(body, "add_special_tokens", "messages" not in body)
     tokenizer = engine.loaded.tokenizer
     if "messages" in body:
-        text = tokenizer.apply_chat_template(
-            protocol.parse_messages(body["messages"]), tokenize=False,
-            add_generation_prompt=protocol.flag(body, "add_generation_prompt", True))
+        messages = protocol.parse_messages(body["messages"])
+        kwargs = protocol.template_kwargs(body.get("chat_template_kwargs"))
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False,
+                add_generation_prompt=protocol.flag(body, "add_generation_prompt", True),
+                **kwargs)
+        except Exception as exc:  # a template's own error (jinja's), or a clash
+            if not kwargs:
+                raise
+            raise bad_request(f"chat_template_kwargs: the chat template failed with them: "
+                              f"{exc}", "chat_template_kwargs") from None
         return list(tokenizer(text, add_special_tokens=special)["input_ids"])
     prompt = body.get("prompt")
     if not isinstance(prompt, str):

@@ -7,6 +7,7 @@ the very same weights and math.
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,10 @@ class LoadedModel:
             eos.update(int(e) for e in cfg_eos)
         return cls(source.name, folder, llama, tok, reason, frozenset(eos))
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt; a chat gets the model's chat template."""
+    def encode(self, prompt: Prompt,
+               template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+        """Token ids of a prompt; a chat gets the model's chat template, rendered with
+        `template_kwargs` as extra variables (vLLM's `chat_template_kwargs`)."""
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt must not be empty")
@@ -74,8 +77,15 @@ class LoadedModel:
             if all(isinstance(m, dict) for m in prompt):
                 if not any(str(m.get("content", "")).strip() for m in prompt):
                     raise ValueError("prompt must not be empty")
-                ids = self.tokenizer.apply_chat_template(
-                    list(prompt), add_generation_prompt=True, tokenize=True)
+                try:
+                    ids = self.tokenizer.apply_chat_template(
+                        list(prompt), add_generation_prompt=True, tokenize=True,
+                        **(template_kwargs or {}))
+                except Exception as exc:  # a template's own error (jinja's), or a clash
+                    if not template_kwargs:
+                        raise
+                    raise ValueError(f"chat_template_kwargs: the chat template failed "
+                                     f"with them: {exc}") from None
                 if isinstance(ids, dict) or hasattr(ids, "keys"):
                     ids = ids["input_ids"]
                 return list(ids)

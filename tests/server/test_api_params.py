@@ -80,6 +80,38 @@ UNSUPPORTED = [
     (True, "continue_final_message", True),
     (True, "add_generation_prompt", False),
     (True, "stream_options.continuous_usage_stats", True),
+    # vLLM's, not implemented here
+    (False, "priority", 5),
+    (True, "cache_salt", "tenant-a"),
+    (False, "return_token_ids", True),
+    (False, "logits_processors", ["my.module:Processor"]),
+    (True, "kv_transfer_params", {"do_remote_decode": True}),
+    (False, "vllm_xargs", {"a": 1}),
+    (True, "mm_processor_kwargs", {"num_crops": 4}),
+    (True, "chat_template", "{{ messages }}"),
+    (True, "documents", [{"title": "a", "text": "b"}]),
+    (True, "add_special_tokens", True),
+    (False, "add_special_tokens", False),
+    (False, "chat_template_kwargs", {"enable_thinking": False}),
+    (True, "suffix", "the end"),
+    # other servers' names for samplers and limits (llama.cpp's server, TGI)
+    (False, "n_predict", 32),
+    (True, "repeat_penalty", 1.1),
+    (False, "n_probs", 3),
+    (True, "typical_p", 0.5),
+    (False, "tfs_z", 0.9),
+    (True, "mirostat", 2),
+    (False, "top_n_sigma", 1.0),
+    (False, "xtc_probability", 0.5),
+    (True, "dry_multiplier", 0.8),
+    (False, "dynatemp_range", 0.5),
+    (False, "samplers", ["top_k", "temperature"]),
+    (False, "grammar", "root ::= [a-z]+"),
+    (True, "json_schema", {"type": "object"}),
+    (True, "do_sample", False),
+    (False, "top_n_tokens", 5),
+    (False, "watermark", True),
+    (False, "truncate", 100),
 ]
 
 
@@ -105,10 +137,33 @@ def test_a_field_this_server_does_not_implement_is_a_400_naming_it(chat, field, 
     ("user", "someone"), ("frobnicate", {"x": 1}),  # unknown fields stay ignored, as vLLM's
     ("reasoning_effort", None), ("verbosity", "medium"), ("store", False),
     ("service_tier", "auto"), ("stream_options", None), ("stream_options", {}),
+    ("priority", 0), ("cache_salt", None), ("add_special_tokens", False),
+    ("chat_template", None), ("n_predict", -1), ("repeat_penalty", 1.0), ("typical_p", 1),
+    ("mirostat", 0), ("do_sample", True), ("top_n_sigma", -1), ("samplers", []),
 ])
 def test_the_default_of_such_a_field_and_unknown_fields_are_accepted(field, value):
     req = protocol.parse_chat(_body(True, field, value), STUB_MODEL)
     assert req.params.max_tokens == protocol.CHAT_DEFAULT_MAX_TOKENS
+
+
+def test_unknown_fields_are_named_for_the_log_and_known_ones_are_not():
+    body = _body(True, "frobnicate", 1) | {"user": "u", "metadata": {}, "typical_p": 1,
+                                           "Zeta": 2, "request_id": "r"}
+    assert protocol.parse_chat(body, STUB_MODEL).ignored == ("Zeta", "frobnicate")
+    assert protocol.parse_completion(_body(False, "top_k", 3), STUB_MODEL).ignored == ()
+
+
+def test_chat_template_kwargs_are_checked_and_kept():
+    req = protocol.parse_chat(_body(True, "chat_template_kwargs", {"enable_thinking": False}),
+                              STUB_MODEL)
+    assert req.template_kwargs == {"enable_thinking": False}
+    assert protocol.parse_chat(_body(True, "user", "u"), STUB_MODEL).template_kwargs == {}
+    for value, words in (([1], "must be an object"),
+                         ({"add_generation_prompt": False, "messages": []},
+                          "add_generation_prompt, messages is set by the server")):
+        with pytest.raises(APIError) as err:
+            protocol.parse_chat(_body(True, "chat_template_kwargs", value), STUB_MODEL)
+        assert err.value.param == "chat_template_kwargs" and words in err.value.message
 
 
 def test_body_errors_come_before_an_unknown_models_404():
@@ -465,6 +520,46 @@ def test_tokenize_and_detokenize_as_vllms_server(url, name, loaded):
                               ("/detokenize", {"tokens": [1], "model": "gpt-x"}, "model")]:
         r = httpx.post(url + path, json=body, timeout=TIMEOUT_S)
         assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.model
+def test_chat_template_kwargs_reach_the_models_template(url, name, loaded, client, caplog):
+    """vLLM's `chat_template_kwargs` are the template's variables, over both routes that
+    apply it; a template failing on them is a 400 naming the field. (The bundled model's
+    template takes none, so this swaps in one that does, for the test's length.) A field
+    the server does not know is named in its log."""
+    tokenizer = loaded.tokenizer
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                               "{% if persona is defined %} as {{ persona }}{% endif %}")
+    chat, kwargs = [{"role": "user", "content": "Say hello"}], {"persona": "a pirate"}
+    try:
+        def tokens(extra: dict) -> list[int]:
+            r = httpx.post(url + "/tokenize", json={"messages": chat} | extra,
+                           timeout=TIMEOUT_S)
+            assert r.status_code == 200, r.text
+            return r.json()["tokens"]
+
+        themed = tokens({"chat_template_kwargs": kwargs})
+        assert themed == loaded.encode(chat, kwargs) != tokens({})
+        assert tokenizer.decode(themed) == "Say hello as a pirate"
+        got = client.chat.completions.create(
+            model=name, messages=chat, max_tokens=1,
+            extra_body={"chat_template_kwargs": kwargs, "frobnicate": 1})
+        assert got.usage.prompt_tokens == len(themed)
+        assert ("/v1/chat/completions: fields ignored (unknown here): frobnicate"
+                in caplog.messages)
+        tokenizer.chat_template = "{{ persona.title() }}{{ messages[0]['content'] }}"
+        bad = {"chat_template_kwargs": {"persona": 7}}
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=name, messages=chat, max_tokens=1,
+                                           extra_body=bad)
+        assert err.value.param == "chat_template_kwargs"
+        assert "the chat template failed" in err.value.message
+        r = httpx.post(url + "/tokenize", json={"messages": chat} | bad, timeout=TIMEOUT_S)
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "chat_template_kwargs")
+    finally:
+        tokenizer.chat_template = saved
 
 
 @pytest.mark.model
