@@ -45,6 +45,9 @@ from workloads.job import CANCEL_GRACE_S, BackgroundJob, WorkloadError, engine_c
 from workloads.prompts import chat
 from workloads.sides import LABELS, SIDES, check_order, prompts_for_sides
 
+MAX_CLI_USERS = 256  # `batchlens race`'s users, as `batchlens sweep`'s
+PROGRESS_S = 2.0  # a headless race prints its progress this often
+
 
 @dataclass(frozen=True)
 class SideView:
@@ -355,24 +358,54 @@ def _tokens(handle: RequestHandle) -> int:
     return sum(c.num_tokens for c in handle.candidates)
 
 
+def progress_line(snap: RaceSnapshot) -> str:
+    """One line of a headless race's progress: each side's users done and tokens so far."""
+    parts = [f"{LABELS[name]}: {view.users_finished}/{view.num_users} users done, "
+             f"{view.total_tokens:,} tokens" for name, view in snap.sides.items()
+             if view.started]
+    return f"{snap.elapsed:6.1f} s  " + (" · ".join(parts) or "starting")
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") -> int:
-    """Run one race headless and print both sides' figures (for comparing with the page)."""
+    """Run one race headless, printing its progress every few seconds, then both sides'
+    figures (for comparing with the page). Ctrl-C stops it, freeing what it holds."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    ap.add_argument("--users", type=int, default=16, help="users sending at once (default 16)")
+    ap.add_argument("--users", type=int, default=16,
+                    help=f"users sending at once, 1 to {MAX_CLI_USERS} (default 16)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
     ap.add_argument("--prompt", default="Explain why the sky is blue.",
                     help="every user's prompt")
     args = ap.parse_args(argv)
+    if not 1 <= args.users <= MAX_CLI_USERS:
+        ap.error(f"--users must be in [1, {MAX_CLI_USERS}], got {args.users}")
+    if not args.prompt.strip():
+        ap.error("--prompt must not be empty")
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens)
+    except ValueError as exc:
+        ap.error(f"--max-tokens: {exc}")
     with Engine() as engine, LocalPC(engine.loaded) as local:
-        prompts = [chat(args.prompt)] * args.users
-        race = Race(engine, local, prompts, SamplingParams(max_tokens=args.max_tokens),
-                    heartbeat_timeout=None).start()
-        race.join()
+        try:
+            race = Race(engine, local, [chat(args.prompt)] * args.users, params,
+                        heartbeat_timeout=None).start()
+        except ValueError as exc:  # the prompt does not fit a side's context
+            ap.error(str(exc))
+        try:  # polled, not joined: a Ctrl-C inside Thread.join can leave it looking ended
+            shown = time.monotonic()
+            while not race.finished:
+                time.sleep(0.1)
+                if time.monotonic() - shown >= PROGRESS_S:
+                    print(progress_line(race.snapshot()), flush=True)
+                    shown = time.monotonic()
+        except KeyboardInterrupt:
+            race.close()
         snap = race.snapshot()
     for name, view in snap.sides.items():
-        print(f"{name:>10}: {view.total_tokens} tokens, {view.total_tokens_per_s:.1f} tokens/s")
+        print(f"{name:>10}: {view.total_tokens} tokens, {view.total_tokens_per_s:.1f} tokens/s"
+              if view.total_tokens_per_s is not None else f"{name:>10}: {view.total_tokens} "
+              "tokens")
     print(f"datacenter / local PC: {snap.ratio:.1f}x" if snap.ratio else snap.error or snap.phase)
-    return 0 if snap.error is None else 1
+    return 0 if snap.error is None and snap.phase == "done" else 1
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ DEFAULT_RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_DURATION_S = 10.0
 MAX_USERS = 256
+PROGRESS_S = 5.0  # a headless sweep prints its progress this often
 
 
 @dataclass(frozen=True)
@@ -341,8 +342,16 @@ def format_table(points: Sequence[SweepPoint], plan: SweepPlan) -> str:
     return "\n".join(lines)
 
 
+def progress_line(snap: SweepSnapshot) -> str:
+    """One line of a headless sweep's progress: the share of requests done and the point
+    being measured."""
+    now = f", {LABELS[snap.current[0]]} at {snap.current[1]:g}" if snap.current else ""
+    return f"{snap.elapsed:6.1f} s  {snap.progress:4.0%} of the requests done{now}"
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep") -> int:
-    """Run a sweep on a fresh engine and local PC; print every point and the time."""
+    """Run a sweep on a fresh engine and local PC, printing its progress every few
+    seconds, then every point and the time. Ctrl-C stops it, freeing what it holds."""
     ap = argparse.ArgumentParser(prog=prog,
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--users", default=",".join(map(str, DEFAULT_USERS)),
@@ -359,6 +368,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep")
                 SweepPlan("users", tuple(int(x) for x in a.users.split(",")), a.max_tokens))
     except ValueError as exc:
         ap.error(str(exc))
+    if a.prompt is not None and not a.prompt.strip():
+        ap.error("--prompt must not be empty")
     prompts = [chat(a.prompt)] if a.prompt else varied_prompts()
     with Engine() as engine, LocalPC(engine.loaded) as local:
         dc = engine.stats(steps_after=None)
@@ -368,7 +379,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep")
         print(f"{plan.num_requests} requests per side, max_tokens {plan.max_tokens}, "
               f"{sweep.mean_prompt_tokens or 0:.0f} prompt tokens on average, EOS ignored",
               flush=True)
-        sweep.start().join()
+        sweep.start()
+        try:  # polled, not joined: a Ctrl-C inside Thread.join can leave it looking ended
+            shown = time.monotonic()
+            while not sweep.finished:
+                time.sleep(0.1)
+                if time.monotonic() - shown >= PROGRESS_S:
+                    print(progress_line(sweep.snapshot()), flush=True)
+                    shown = time.monotonic()
+        except KeyboardInterrupt:
+            sweep.close()
         snap = sweep.snapshot()
     print(format_table(snap.points, plan))
     print("(latencies in ms; batch: mean sequences per step; others: CPU share other "
