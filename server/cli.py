@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from typing import Any
 
@@ -106,10 +107,31 @@ def metrics_for(engine: Any) -> Any | None:
     return metrics
 
 
+def unbindable(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (in use, no such address), or None.
+    Bound as uvicorn binds (SO_REUSEADDR), then let go."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"--host {host}: not an address here ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
+
+
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Build the engine, then serve the API with uvicorn until interrupted."""
     ap = build_parser(prog)
     args = ap.parse_args(argv)
+    if not 1 <= args.port <= 65535:
+        ap.error(f"--port must be in [1, 65535], got {args.port}")
+    if (taken := unbindable(args.host, args.port)) is not None:
+        ap.error(taken)  # before the model loads, not after
     if args.max_waiting < 0:
         ap.error("--max-waiting must be >= 0")
     for flag in ("requests_per_minute", "tokens_per_minute"):

@@ -11,6 +11,7 @@ mid-stream.
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from types import SimpleNamespace
 
@@ -25,6 +26,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.serving import busy_message
 from server import protocol
 from server.cli import build_parser, engine_config
+from server.cli import main as serve_main
 from server.errors import APIError, error_body
 from server.routes import MAX_BODY_BYTES, api_routes
 
@@ -201,6 +203,21 @@ def test_serve_flags_become_the_engine_config():
 
     assert COMMANDS["serve"][0] == "server.cli"
     assert cfg.speculative is None  # off unless asked for
+
+
+def test_serve_refuses_a_port_it_cannot_listen_on_before_loading_a_model(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv, words in ((["--port", "99999"], "--port must be in [1, 65535], got 99999"),
+                            (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}: "),
+                            # TEST-NET-1: documentation only, no host has it
+                            (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:8000: ")):
+            with pytest.raises(SystemExit) as exc:
+                serve_main(argv, prog="batchlens serve")
+            assert exc.value.code == 2
+            assert f"batchlens serve: error: {words}" in capsys.readouterr().err
 
 
 def test_serve_takes_vllms_speculative_config_flag():
