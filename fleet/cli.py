@@ -34,7 +34,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     d = FleetParams()
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", choices=list(SCENARIOS),
-                    help="a named scenario (default: day, unless --trace or --csv is given)")
+                    help="a named scenario, which sets the whole run (default: day, unless "
+                    "other flags describe one)")
     ap.add_argument("--trace", choices=[t for t in TRACES if t != "csv"],
                     help="; ".join(f"{k}: {v}" for k, v in TRACES.items() if k != "csv"))
     ap.add_argument("--csv", metavar="FILE", help="a trace CSV, or an Arena / Sweep export")
@@ -61,11 +62,24 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
-def scenario_from_args(a: argparse.Namespace) -> Scenario:
-    if a.scenario or not (a.trace or a.csv):
+# flags a named scenario leaves as they are (the others are the scenario's own)
+SCENARIO_FLAGS = frozenset({"scenario", "json", "list_layouts", "local_device"})
+
+
+def scenario_from_args(a: argparse.Namespace, ap: argparse.ArgumentParser) -> Scenario:
+    """A named scenario (`--scenario`, or "day" when no other flag is given), else the
+    scenario the flags describe. A named scenario is a whole run: a flag it would ignore
+    is a ValueError."""
+    given = [f"--{k.replace('_', '-')}" for k, v in vars(a).items()
+             if k not in SCENARIO_FLAGS and v != ap.get_default(k)]
+    if a.scenario and given:
+        raise ValueError(f"--scenario {a.scenario} sets the whole run: drop "
+                         f"{', '.join(given)}, or drop --scenario")
+    if a.scenario or not given:
         return SCENARIOS[a.scenario or "day"]()
     params = FleetParams(
-        trace="csv" if a.csv else a.trace, tokens_per_s=a.tokens_per_s, hours=a.hours,
+        trace="csv" if a.csv else a.trace or FleetParams().trace, tokens_per_s=a.tokens_per_s,
+        hours=a.hours,
         shared_prompt=a.shared_prompt, seed=a.seed,
         csv_text=Path(a.csv).read_text() if a.csv else None, layout=a.layout,
         router=a.router, replicas=a.replicas, autoscale=a.autoscale or AUTOSCALE_OFF,
@@ -86,7 +100,7 @@ def main(argv: list[str] | None = None, prog: str = "batchlens fleet") -> int:
         print("\n".join(layout_choices()))
         return 0
     try:
-        scenario = scenario_from_args(a)
+        scenario = scenario_from_args(a, ap)
     except (ValueError, OSError) as exc:
         ap.error(str(exc))
     t0 = time.perf_counter()
