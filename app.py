@@ -14,4 +14,5 @@ from ui import api
 # /kv_cache?presenter=1) would show that page alone, without the shell or presenter mode.
 PagesManager.uses_pages_directory = False
 
-app = st.App("dashboard.py", routes=api.routes(), lifespan=api.lifespan)
+app = st.App("dashboard.py", routes=api.routes(), middleware=api.middleware(),
+             lifespan=api.lifespan)

@@ -25,6 +25,18 @@ PROG = "batchlens serve"
 API_KEY_ENV = "BATCHLENS_API_KEY"
 
 
+def origins(text: str) -> list[str]:
+    """`--allowed-origins`: a JSON list of origins (strings)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(o, str) for o in value):
+        raise argparse.ArgumentTypeError(f"a JSON list of origins such as "
+                                         f"'[\"https://chat.example\"]', got {text!r}")
+    return value
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -38,6 +50,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--tokens-per-minute", type=int,
                     help="prompt + output tokens per API key (or client address) per minute "
                     "(default: no limit)")
+    ap.add_argument("--allowed-origins", type=origins, default=["*"], metavar="JSON",
+                    help="origins a browser page may call the API from, a JSON list as "
+                    "vLLM's flag takes (default: %(default)s; [] for none)")
     ap.add_argument("--log-level", default="info",
                     choices=("critical", "error", "warning", "info", "debug"))
     eng = ap.add_argument_group("engine")
@@ -146,7 +161,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     from starlette.applications import Starlette
 
     from engine.engine import Engine
-    from server.routes import api_routes
+    from server.routes import api_routes, cors_middleware
 
     print(f"{prog}: loading the model ...", file=sys.stderr, flush=True)
     engine = Engine(config)
@@ -162,7 +177,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                             requests_per_minute=args.requests_per_minute,
                             tokens_per_minute=args.tokens_per_minute,
                             metrics=metrics_for(engine))
-        uvicorn.run(Starlette(routes=routes), host=args.host, port=args.port,
+        app = Starlette(routes=routes, middleware=cors_middleware(args.allowed_origins))
+        uvicorn.run(app, host=args.host, port=args.port,
                     log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:
         engine.shutdown()

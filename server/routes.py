@@ -15,6 +15,10 @@ Any other /v1 path, or a route asked with the wrong method, is an OpenAI-shaped 
 naming the request and the routes served, so a client reaching for an endpoint this server
 lacks (embeddings, say) reads why.
 
+A chat page running in a browser on another origin calls these routes only if the server
+answers CORS: `cors_middleware` does, for the API's paths alone, from every origin by
+default as vLLM's server does (`allowed_origins` narrows it, empty turns it off).
+
 `api_routes` returns the routes, so the dashboard's server mounts them beside its pages on
 the shared engine and `batchlens serve` serves them alone.
 
@@ -54,10 +58,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.outputs import RequestHandle, RequestOutput
 from server import protocol
@@ -150,6 +156,33 @@ def _not_served(routes: Sequence[BaseRoute],
         raise APIError(404, f"{asked} is not served here; this server serves {listing}",
                        code="route_not_found")
     return endpoint
+
+
+API_PATHS = ("/v1/", "/tokenize", "/detokenize", "/health", "/metrics", "/version")
+
+
+def cors_middleware(allowed_origins: Sequence[str] = ("*",)) -> list[Middleware]:
+    """Middleware answering browsers' CORS requests (preflights too) on `API_PATHS` from
+    `allowed_origins` ("*": any, as vLLM's default), with any method and header (an API
+    key's `Authorization` included); other paths (the dashboard's) pass untouched. An
+    empty list: no middleware."""
+    origins = [o for o in allowed_origins if o]
+    return [Middleware(_ApiCors, origins=origins)] if origins else []
+
+
+class _ApiCors:
+    """Starlette's CORS middleware on the API's paths only."""
+
+    def __init__(self, app: ASGIApp, origins: list[str]) -> None:
+        self.app = app
+        self.cors = CORSMiddleware(app, allow_origins=origins, allow_methods=["*"],
+                                   allow_headers=["*"])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(API_PATHS):
+            await self.cors(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 def error_response(err: APIError) -> Response:

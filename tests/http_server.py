@@ -14,11 +14,12 @@ from starlette.applications import Starlette
 
 
 @contextlib.contextmanager
-def serving(routes) -> Iterator[str]:
+def serving(routes, middleware=()) -> Iterator[str]:
     """uvicorn on a free 127.0.0.1 port in a thread; yields the base URL; stops it after."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off",
+    config = uvicorn.Config(Starlette(routes=routes, middleware=list(middleware)),
+                            log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

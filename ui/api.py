@@ -10,6 +10,8 @@ Settings, each from the environment or else Streamlit secrets (.streamlit/secret
     BATCHLENS_MAX_WAITING       max_waiting = 256     429 "busy: N waiting" past it
     BATCHLENS_API_RPM   api_requests_per_minute = N   per key (per client address
     BATCHLENS_API_TPM   api_tokens_per_minute = N     where no key is set); none: no limit
+    BATCHLENS_ALLOWED_ORIGINS   allowed_origins = ["*"]   origins a browser page may call
+                                                      the API from (env: commas; "" none)
 
 /health and /metrics stay open.
 """
@@ -24,12 +26,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import streamlit as st
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from engine import Engine
 from engine.models import loader
 from server.metrics import ServerMetrics
-from server.routes import api_routes
+from server.routes import api_routes, cors_middleware
 from ui import shared
 
 # The API's threads reach the shared engine through st.cache_resource outside any script
@@ -73,6 +76,23 @@ def api_key() -> str | list[str] | None:
     if isinstance(key, str) and "," in key:
         return [k.strip() for k in key.split(",") if k.strip()]
     return list(key) if isinstance(key, list | tuple) else key
+
+
+def allowed_origins() -> list[str]:
+    """BATCHLENS_ALLOWED_ORIGINS (origins separated by commas; set but empty: none), else
+    `allowed_origins` from Streamlit secrets, else every origin (vLLM's default)."""
+    env = os.environ.get("BATCHLENS_ALLOWED_ORIGINS")
+    if env is not None:
+        return [o.strip() for o in env.split(",") if o.strip()]
+    value = _setting("BATCHLENS_ALLOWED_ORIGINS", "allowed_origins")
+    if value is None:
+        return ["*"]
+    return [value] if isinstance(value, str) else [str(o) for o in value]
+
+
+def middleware() -> list[Middleware]:
+    """CORS on the API's paths (not the pages'), from `allowed_origins()`."""
+    return cors_middleware(allowed_origins())
 
 
 def routes() -> list[BaseRoute]:

@@ -21,6 +21,8 @@ import pytest
 from http_server import serving
 from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.serving import busy_message
@@ -28,7 +30,7 @@ from server import protocol
 from server.cli import build_parser, engine_config
 from server.cli import main as serve_main
 from server.errors import APIError, error_body
-from server.routes import MAX_BODY_BYTES, api_routes
+from server.routes import MAX_BODY_BYTES, api_routes, cors_middleware
 
 STUB_MODEL = "stub-model"
 KEY = "sekret"
@@ -319,6 +321,43 @@ def test_retrieve_version_and_routes_not_served_are_openai_shaped(stub_url, stub
         r = httpx.request(method, stub_url + path, timeout=10)
         assert (r.status_code, r.headers["allow"]) == (405, allow), (method, path)
         assert r.json()["error"]["message"] == f"{method} {path}: this route takes {allow}"
+
+
+def test_browsers_on_other_origins_may_call_the_api_paths_only(stub):
+    """CORS as vLLM's server answers it: any origin by default, preflights with the API
+    key's header included; a list narrows it; a path outside the API gets nothing."""
+    preflight = {"Origin": "https://chat.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    routes = api_routes(lambda: stub, model_name=STUB_MODEL) + [
+        Route("/elsewhere", lambda request: PlainTextResponse("page"))]
+    with serving(routes, cors_middleware()) as url:
+        r = httpx.options(url + "/v1/chat/completions", headers=preflight, timeout=10)
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "*"
+        assert "authorization" in r.headers["access-control-allow-headers"]
+        for path in ("/v1/models", "/health", "/version"):
+            r = httpx.get(url + path, headers={"Origin": "https://chat.example"}, timeout=10)
+            assert r.headers["access-control-allow-origin"] == "*", path
+        r = httpx.get(url + "/elsewhere", headers={"Origin": "https://chat.example"}, timeout=10)
+        assert r.text == "page" and "access-control-allow-origin" not in r.headers
+    with serving(routes, cors_middleware(["https://chat.example"])) as url:
+        ok = httpx.get(url + "/v1/models", headers={"Origin": "https://chat.example"},
+                       timeout=10)
+        assert ok.headers["access-control-allow-origin"] == "https://chat.example"
+        other = httpx.options(url + "/v1/models", timeout=10,
+                              headers=preflight | {"Origin": "https://evil.example"})
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert cors_middleware([]) == []
+
+
+def test_serve_reads_vllms_allowed_origins_flag(capsys):
+    assert build_parser().parse_args([]).allowed_origins == ["*"]
+    flag = ["--allowed-origins", '["https://chat.example"]']
+    assert build_parser().parse_args(flag).allowed_origins == ["https://chat.example"]
+    for bad in ("*", '{"a": 1}', "[1]"):
+        with pytest.raises(SystemExit):
+            build_parser("batchlens serve").parse_args(["--allowed-origins", bad])
+        assert "a JSON list of origins" in capsys.readouterr().err
 
 
 def test_no_engine_is_503():

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from page_geometry import cut_labels, overflowing_metrics
 from polling import wait_for
@@ -233,6 +234,12 @@ def test_api_clients_show_on_the_status_strip(server, browser):
     with pytest.raises(NotFoundError) as err:
         client.embeddings.create(model=model, input="Hi")
     assert err.value.body["code"] == "route_not_found"
+    # a chat page on another origin may call the API, not read the dashboard's pages
+    origin = {"Origin": "https://chat.example"}
+    assert httpx.get(f"{server}/v1/models", headers=origin,
+                     timeout=30).headers["access-control-allow-origin"] == "*"
+    assert "access-control-allow-origin" not in httpx.get(server, headers=origin,
+                                                          timeout=30).headers
     streams = [client.completions.create(
         model=model, prompt=f"Story number {i}: once upon a time", max_tokens=512,
         stream=True, extra_body={"ignore_eos": True}) for i in range(8)]
