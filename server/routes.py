@@ -54,6 +54,8 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import wraps
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -121,41 +123,18 @@ def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
             return Response(body, headers={"Content-Type": content_type})
 
         routes.append(Route("/metrics", scrape, methods=["GET"]))
+    api.served = [r for r in routes if isinstance(r, Route)]
     # last: Starlette takes a route matching path and method before it
-    routes.append(Route("/v1/{path:path}", _answers_errors(_not_served(routes, api)),
-                        methods=ANY_METHOD))
+    routes.append(Route("/v1/{path:path}", api.not_served, methods=ANY_METHOD))
     return routes
 
 
 async def version(request: Request) -> Response:
     """GET /version: `{"version": ...}`, as vLLM's server answers it."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
     try:
         return JSONResponse({"version": package_version("batchlens")})
     except PackageNotFoundError:  # run from a checkout that was never installed
         return JSONResponse({"version": "unknown"})
-
-
-def _not_served(routes: Sequence[BaseRoute],
-                api: _API) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint behind every other /v1 path: 405 with `Allow` where the path is served
-    with other methods, else 404; both name the request and the routes served."""
-    served = [r for r in routes if isinstance(r, Route)]
-    listing = ", ".join(f"{'/'.join(sorted(r.methods - {'HEAD'}))} "
-                        f"{re.sub(r':[a-z]+}', '}', r.path)}" for r in served if r.methods)
-
-    async def endpoint(request: Request) -> Response:
-        api._authorize(request)
-        asked = f"{request.method} {request.url.path}"
-        allowed = sorted({m for r in served if r.methods and r.path_regex.match(
-            request.url.path) for m in r.methods})
-        if allowed:
-            raise APIError(405, f"{asked}: this route takes {', '.join(allowed)}",
-                           allow=allowed)
-        raise APIError(404, f"{asked} is not served here; this server serves {listing}",
-                       code="route_not_found")
-    return endpoint
 
 
 API_PATHS = ("/v1/", "/tokenize", "/detokenize", "/health", "/metrics", "/version")
@@ -221,6 +200,8 @@ class _API:
         self.watcher = HandleWatcher()
         self.models = _answers_errors(self._models)
         self.model = _answers_errors(self._model)
+        self.not_served = _answers_errors(self._not_served)
+        self.served: list[Route] = []  # the routes above, for what not_served names
         self.completions = _answers_errors(self._completions)
         self.chat_completions = _answers_errors(self._chat_completions)
         self.tokenize = _answers_errors(self._tokenize)
@@ -232,6 +213,22 @@ class _API:
         engine = await self._engine()
         return JSONResponse(protocol.model_list(self.model_name, engine.loaded.name,
                                                 engine.max_model_len))
+
+    async def _not_served(self, request: Request) -> Response:
+        """Every other /v1 path: 405 with `Allow` where the path is served with other
+        methods, else 404; both name the request and the routes served."""
+        self._authorize(request)
+        asked = f"{request.method} {request.url.path}"
+        allowed = sorted({m for r in self.served if r.methods and r.path_regex.match(
+            request.url.path) for m in r.methods})
+        if allowed:
+            raise APIError(405, f"{asked}: this route takes {', '.join(allowed)}",
+                           allow=allowed)
+        listing = ", ".join(f"{'/'.join(sorted(r.methods - {'HEAD'}))} "
+                            f"{re.sub(r':[a-z]+}', '}', r.path)}"
+                            for r in self.served if r.methods)
+        raise APIError(404, f"{asked} is not served here; this server serves {listing}",
+                       code="route_not_found")
 
     async def _model(self, request: Request) -> Response:
         self._authorize(request)
