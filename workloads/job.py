@@ -170,6 +170,20 @@ class BackgroundJob:
             return True
         return self.join(timeout)
 
+    def follow(self, progress: Callable[[], str], every_s: float) -> None:
+        """A headless run's wait: print `progress()` every `every_s` seconds until the job
+        ends; Ctrl-C stops it and waits until what it holds is freed. The job is polled,
+        not joined: a Ctrl-C inside `Thread.join` can leave the thread looking ended."""
+        try:
+            shown = time.monotonic()
+            while not self.finished:
+                time.sleep(0.1)
+                if time.monotonic() - shown >= every_s:
+                    print(progress(), flush=True)
+                    shown = time.monotonic()
+        except KeyboardInterrupt:
+            self.close()
+
     @property
     def finished(self) -> bool:
         """The run ended (done, stopped, abandoned or failed) and what it owns is shut down."""

@@ -390,15 +390,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") 
                         heartbeat_timeout=None).start()
         except ValueError as exc:  # the prompt does not fit a side's context
             ap.error(str(exc))
-        try:  # polled, not joined: a Ctrl-C inside Thread.join can leave it looking ended
-            shown = time.monotonic()
-            while not race.finished:
-                time.sleep(0.1)
-                if time.monotonic() - shown >= PROGRESS_S:
-                    print(progress_line(race.snapshot()), flush=True)
-                    shown = time.monotonic()
-        except KeyboardInterrupt:
-            race.close()
+        race.follow(lambda: progress_line(race.snapshot()), PROGRESS_S)
         snap = race.snapshot()
     for name, view in snap.sides.items():
         print(f"{name:>10}: {view.total_tokens} tokens, {view.total_tokens_per_s:.1f} tokens/s"

@@ -380,15 +380,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.sweep")
               f"{sweep.mean_prompt_tokens or 0:.0f} prompt tokens on average, EOS ignored",
               flush=True)
         sweep.start()
-        try:  # polled, not joined: a Ctrl-C inside Thread.join can leave it looking ended
-            shown = time.monotonic()
-            while not sweep.finished:
-                time.sleep(0.1)
-                if time.monotonic() - shown >= PROGRESS_S:
-                    print(progress_line(sweep.snapshot()), flush=True)
-                    shown = time.monotonic()
-        except KeyboardInterrupt:
-            sweep.close()
+        sweep.follow(lambda: progress_line(sweep.snapshot()), PROGRESS_S)
         snap = sweep.snapshot()
     print(format_table(snap.points, plan))
     print("(latencies in ms; batch: mean sequences per step; others: CPU share other "

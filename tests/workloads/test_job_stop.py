@@ -4,6 +4,7 @@ prompt limits checked at once, counts with their plural."""
 
 from __future__ import annotations
 
+import _thread
 import threading
 import time
 
@@ -87,6 +88,19 @@ def test_stop_waits_for_the_cancels_without_spinning():
     assert race.join(timeout=5)
     assert race.snapshot().phase == "stopped"
     assert dc.stats_calls < 30, dc.stats_calls  # ~0.5 s at 0.1 s, not thousands of calls
+
+
+def test_a_headless_follow_prints_progress_and_a_ctrl_c_stops_the_race():
+    """`follow` (the race and sweep commands' wait) prints its line while the race runs;
+    Ctrl-C (here raised in the main thread by a timer) stops it, and the race reads
+    "stopped" with its requests cancelled, not still running."""
+    dc, local = FakeSide(), FakeSide()
+    race = Race(dc, local, PROMPTS, params(), heartbeat_timeout=None, interval=0.05).start()
+    lines: list[str] = []
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    race.follow(lambda: lines.append("progress") or "progress", 0.1)
+    assert race.finished and race.snapshot().phase == "stopped"
+    assert lines and all(h.done for h in dc.handles.values())
 
 
 def test_a_closed_tab_abandons_the_race_without_waiting_for_the_heartbeat():
