@@ -78,9 +78,8 @@ def scenario_from_args(a: argparse.Namespace, ap: argparse.ArgumentParser) -> Sc
     if a.scenario or not given:
         return SCENARIOS[a.scenario or "day"]()
     params = FleetParams(
-        trace="csv" if a.csv else a.trace or FleetParams().trace, tokens_per_s=a.tokens_per_s,
-        hours=a.hours,
-        shared_prompt=a.shared_prompt, seed=a.seed,
+        trace="csv" if a.csv else a.trace or FleetParams().trace,
+        tokens_per_s=a.tokens_per_s, hours=a.hours, shared_prompt=a.shared_prompt, seed=a.seed,
         csv_text=Path(a.csv).read_text() if a.csv else None, layout=a.layout,
         router=a.router, replicas=a.replicas, autoscale=a.autoscale or AUTOSCALE_OFF,
         target=a.target, max_replicas=a.max_replicas, storage_gbs=a.storage_gbs,

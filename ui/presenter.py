@@ -4,7 +4,8 @@ page's settings form hidden, the five scripted scenarios one click (or one click
 ui/clicker.py) away, and a large headline per side of a race.
 
 On with the sidebar toggle or `?presenter=1` in the URL; it stays on for the browser
-session across pages (and the URL keeps the parameter, so a reload keeps it too).
+session across pages (and the URL keeps the parameter, so a reload keeps it too). Off, the
+pages get `FIT_CSS` instead: rows of figures that wrap on a narrow screen.
 
 On a shared instance visitors may use it: it is this session's view only. Hiding the
 settings panel hides it from this session, not from anyone else, and changes no setting
