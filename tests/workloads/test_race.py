@@ -19,7 +19,6 @@ from engine import (
     summarize,
 )
 from workloads.race import Race, RaceSnapshot, SideView, progress_line
-from workloads.race import main as race_main
 
 PROMPTS = [[{"role": "user", "content": c}] for c in
            ("What is the capital of France?", "Name a colour.", "Count to three.")]
@@ -135,19 +134,6 @@ def test_bad_input_raises_a_readable_value_error(engine, local, prompt, max_toke
 def test_bad_arguments_need_no_model():
     with pytest.raises(ValueError, match="users"):
         Race(None, None, [], SamplingParams())  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(("argv", "words"), [
-    (["--users", "0"], "--users must be in [1, 256], got 0"),
-    (["--users", "100000"], "--users must be in [1, 256], got 100000"),
-    (["--max-tokens", "-3"], "--max-tokens: max_tokens must be >= 1, got -3"),
-    (["--prompt", "  "], "--prompt must not be empty"),
-])
-def test_the_command_refuses_bad_flags_before_loading_a_model(capsys, argv, words):
-    with pytest.raises(SystemExit) as exc:
-        race_main(argv, prog="batchlens race")
-    assert exc.value.code == 2
-    assert f"batchlens race: error: {words}" in capsys.readouterr().err
 
 
 def test_the_commands_progress_line_counts_each_started_side():
