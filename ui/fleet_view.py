@@ -240,17 +240,17 @@ def charts_block(series: dict[str, list]) -> None:
     left, right = st.columns(2, gap="large")
     height = presenter.figure_height(PRESENTER_CHART_PX)
     left.container(key="fleet-tokens-chart").altair_chart(charts.tokens_chart(charts.frame(
-        series["tokens"], ["hour", "series", "tokens_per_s"])), use_container_width=True,
+        series["tokens"], ["hour", "series", "tokens_per_s"])), width="stretch",
         height=height)
     right.container(key="fleet-replicas-chart").altair_chart(
         charts.replicas_chart(charts.frame(series["replicas"], ["hour", "state", "replicas"])),
-        use_container_width=True, height=height)
+        width="stretch", height=height)
     left, right = st.columns(2, gap="large")
     left.altair_chart(charts.latency_chart(charts.frame(
         series["latency"], ["hour", "metric", "percentile", "seconds"])),
-        use_container_width=True)
+        width="stretch")
     right.altair_chart(charts.queue_chart(charts.frame(
-        series["queue"], ["hour", "state", "requests"])), use_container_width=True)
+        series["queue"], ["hour", "state", "requests"])), width="stretch")
 
 
 def local_block(s: dict[str, Any]) -> None:
@@ -271,7 +271,7 @@ def local_block(s: dict[str, Any]) -> None:
         {"side": "fleet", "measure": "joules per token", "value": s["joules_per_token"]},
         {"side": loc["device_name"], "measure": "joules per token",
          "value": loc["joules_per_token"]}])
-    st.altair_chart(charts.local_chart(df), use_container_width=True)
+    st.altair_chart(charts.local_chart(df), width="stretch")
 
 
 def how_simulated() -> None:
