@@ -15,6 +15,7 @@ runs every row at each projector size).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 # Every stMetricValue: its box, the union of its text's line boxes, and how many lines the
@@ -174,3 +175,14 @@ def misfits(page, selectors: list[str] | tuple[str, ...]) -> list[str]:
 def assert_fits(page, selectors: list[str] | tuple[str, ...]) -> None:
     problems = misfits(page, selectors)
     assert not problems, f"at {viewport(page)}: {problems}"
+
+
+def cut_figures(page, settle_s: float = 15.0) -> list[str]:
+    """Every metric value or label cut short, once the page has settled: a page's style
+    blocks (st.html) can land a moment after its figures on a loaded machine, so the
+    check is made again until it passes or `settle_s` is up ([] when all fit)."""
+    end = time.monotonic() + settle_s
+    while (problems := overflowing_metrics(page) + cut_labels(page)) and \
+            time.monotonic() < end:
+        page.wait_for_timeout(250)
+    return problems
