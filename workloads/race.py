@@ -43,9 +43,8 @@ from engine.serving import ServingSide
 from engine.speculative import SpecDecodeStats
 from workloads.job import CANCEL_GRACE_S, BackgroundJob, WorkloadError, engine_changed
 from workloads.prompts import chat
-from workloads.sides import LABELS, SIDES, check_order, prompts_for_sides
+from workloads.sides import LABELS, MAX_USERS, SIDES, check_order, prompts_for_sides
 
-MAX_CLI_USERS = 256  # `batchlens race`'s users, as `batchlens sweep`'s
 PROGRESS_S = 2.0  # a headless race prints its progress this often
 
 
@@ -371,13 +370,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") 
     figures (for comparing with the page). Ctrl-C stops it, freeing what it holds."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=16,
-                    help=f"users sending at once, 1 to {MAX_CLI_USERS} (default 16)")
+                    help=f"users sending at once, 1 to {MAX_USERS} (default 16)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
     ap.add_argument("--prompt", default="Explain why the sky is blue.",
                     help="every user's prompt")
     args = ap.parse_args(argv)
-    if not 1 <= args.users <= MAX_CLI_USERS:
-        ap.error(f"--users must be in [1, {MAX_CLI_USERS}], got {args.users}")
+    if not 1 <= args.users <= MAX_USERS:
+        ap.error(f"--users must be in [1, {MAX_USERS}], got {args.users}")
     if not args.prompt.strip():
         ap.error("--prompt must not be empty")
     try:
@@ -393,9 +392,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") 
         race.follow(lambda: progress_line(race.snapshot()), PROGRESS_S)
         snap = race.snapshot()
     for name, view in snap.sides.items():
-        print(f"{name:>10}: {view.total_tokens} tokens, {view.total_tokens_per_s:.1f} tokens/s"
-              if view.total_tokens_per_s is not None else f"{name:>10}: {view.total_tokens} "
-              "tokens")
+        rate = view.total_tokens_per_s
+        print(f"{name:>10}: {view.total_tokens} tokens"
+              + (f", {rate:.1f} tokens/s" if rate is not None else ""))
     print(f"datacenter / local PC: {snap.ratio:.1f}x" if snap.ratio else snap.error or snap.phase)
     return 0 if snap.error is None and snap.phase == "done" else 1
 

@@ -1,5 +1,6 @@
 """The two serving sides every workload compares, by name, and how a sentence names them
-(the pages' chart legends and colours are built from these in `ui.palette`); the prompt
+(the pages' chart legends and colours are built from these in `ui.palette`), the most users
+a workload sends at once; the prompt
 check both sides pass before a workload starts, and counts worded with their plural."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from engine.serving import ServingSide
 
 SIDES = ("datacenter", "local")
 LABELS = {"datacenter": "datacenter", "local": "local PC"}
+MAX_USERS = 256  # users of one race or sweep point, headless (the pages cap theirs lower)
 _LIMIT = re.compile(r" of ([\d,]+) tokens")  # the limit a `check_fit` message names
 
 

@@ -48,14 +48,13 @@ from engine.serving import ServingSide
 from workloads.cpu_load import cpu_sample, others_busy
 from workloads.job import CANCEL_GRACE_S, BackgroundJob, engine_changed
 from workloads.prompts import chat, varied_prompts
-from workloads.sides import LABELS, SIDES, check_order, prompts_for_sides
+from workloads.sides import LABELS, MAX_USERS, SIDES, check_order, prompts_for_sides
 
 MODES = ("users", "rate")
 DEFAULT_USERS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_DURATION_S = 10.0
-MAX_USERS = 256
 PROGRESS_S = 5.0  # a headless sweep prints its progress this often
 
 
