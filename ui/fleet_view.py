@@ -216,7 +216,8 @@ def summary(s: dict[str, Any], costs: bool = True) -> None:
         cols[2].metric("Throughput", f"{s['throughput_tokens_per_s']:,.0f} tokens/s")
         cols[3].metric("Finished / dropped", f"{s['finished']:,} / {s['dropped']:,}")
     else:  # beside the sidebar a quarter of a laptop screen holds one figure, not two
-        cols = [*head.columns(4), *head.columns(4)]
+        with head:
+            cols = presenter.metric_columns(7, 4)
         for col, (key, label) in zip(cols[:4], LATENCY_FIGURES.items(), strict=True):
             col.metric(label, fmt_seconds(s[key]))
         cols[4].metric("Throughput (tokens/s)", f"{s['throughput_tokens_per_s']:,.0f}")
