@@ -12,6 +12,9 @@ from typing import Any
 from engine.metrics import percentile
 from fleet.replica import Replica
 from fleet.sim import FleetResult
+from measure.units import fmt_seconds
+
+BEHIND_SHARE = 0.1  # a drain longer than this share of the arrivals' span is falling behind
 
 
 def alive_s(r: Replica, end: float) -> float:
@@ -52,8 +55,11 @@ def summary(result: FleetResult) -> dict[str, Any]:
     dollars = alive / 3600 * lay.dollars_per_hour
     return {
         "trace": result.trace.name, "layout": lay.name, "router": result.config.router,
-        "simulated_s": end, "requests": len(reqs), "finished": len(done),
-        "dropped": len(result.dropped), "output_tokens": tokens,
+        "simulated_s": end, "arrivals_s": result.trace.duration_s,
+        "waiting_at_arrivals_end": next((s.waiting for s in reversed(result.samples)
+                                         if s.t <= result.trace.duration_s), 0),
+        "requests": len(reqs),
+        "finished": len(done), "dropped": len(result.dropped), "output_tokens": tokens,
         "throughput_tokens_per_s": tokens / end if end else 0.0,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
@@ -124,6 +130,20 @@ def series(result: FleetResult) -> dict[str, list[dict[str, Any]]]:
     return {"tokens": tokens, "replicas": replicas, "queue": queue, "latency": latency}
 
 
+def behind(s: dict[str, Any]) -> str | None:
+    """A sentence when the fleet fell behind its users: requests still queued when the
+    arrivals stopped, and a drain after them longer than `BEHIND_SHARE` of their span (a
+    fleet that keeps up drains in about one request's time); else None."""
+    arrivals, end, waiting = s["arrivals_s"], s["simulated_s"], s["waiting_at_arrivals_end"]
+    if not waiting or end - arrivals <= BEHIND_SHARE * arrivals:
+        return None
+    return (f"The fleet fell behind: {waiting:,} requests were still queued when arrivals "
+            f"stopped, {fmt_seconds(arrivals)} into the run, and the last finished at "
+            f"{fmt_seconds(end)}, so most of a TTFT of {fmt_seconds(s['ttft_p50_s'])} (p50) "
+            f"is time in the queue. More replicas at the start, or an autoscaler, keep up "
+            f"with this demand.")
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as `batchlens fleet` prints it."""
     lines = [
@@ -132,8 +152,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"({s['cpu_s']:.1f} s of CPU; {s['steps']:,} engine steps)",
         f"requests {s['requests']:,}: {s['finished']:,} finished, {s['dropped']:,} dropped; "
         f"{s['output_tokens']:,} output tokens, {s['throughput_tokens_per_s']:,.0f} tokens/s",
-        f"TTFT p50 {s['ttft_p50_s'] * 1e3:,.0f} ms, p99 {s['ttft_p99_s'] * 1e3:,.0f} ms; "
-        f"TPOT p50 {s['tpot_p50_s'] * 1e3:,.1f} ms, p99 {s['tpot_p99_s'] * 1e3:,.1f} ms",
+        f"TTFT p50 {fmt_seconds(s['ttft_p50_s'])}, p99 {fmt_seconds(s['ttft_p99_s'])}; "
+        f"TPOT p50 {fmt_seconds(s['tpot_p50_s'])}, p99 {fmt_seconds(s['tpot_p99_s'])}",
         f"replicas: peak {s['peak_replicas']}, {s['replicas_added']} used, "
         f"{s['scale_events']} scaling events; prefix-cache hit rate "
         f"{s['prefix_hit_rate']:.1%}; {s['preemptions']} preemptions",
@@ -146,4 +166,6 @@ def format_summary(s: dict[str, Any]) -> str:
             f"the same users on their own PCs: {loc['pcs']:,} x {loc['device_name']}, "
             f"{loc['per_user_tokens_per_s']:.1f} tokens/s each (roofline, {loc['bound']}-bound),"
             f" {loc['joules_per_token']:.2f} J per token at {loc['watts']:g} W")
+    if note := behind(s):
+        lines.append(note)
     return "\n".join(lines)

@@ -28,6 +28,7 @@ import streamlit as st
 from measure import capacity as cap
 from measure import hardware, interconnect
 from measure import projection as P
+from measure.units import fmt_count, fmt_number, fmt_seconds
 from ui import clicker, presenter
 from ui.datacenter_charts import (
     BATCH_DOMAIN,
@@ -38,7 +39,6 @@ from ui.datacenter_charts import (
     local_chart,
     scenario_chart,
 )
-from ui.hardware_view import fmt_count, fmt_number, fmt_seconds
 
 K = "dc_"  # widget key prefix
 KEY_MODEL, KEY_SYSTEM, KEY_BACKEND = K + "model", K + "system", K + "backend"

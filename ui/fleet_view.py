@@ -22,6 +22,7 @@ import streamlit as st
 from fleet import store
 from fleet.autoscaler import METRICS
 from fleet.local_pcs import LOCAL_POWER
+from fleet.report import behind
 from fleet.router import ROUTERS
 from fleet.scenarios import (
     AUTOSCALE_OFF,
@@ -33,9 +34,9 @@ from fleet.scenarios import (
     run_scenario,
 )
 from measure.hardware import HARDWARE
+from measure.units import fmt_seconds
 from ui import fleet_charts as charts
 from ui import presenter
-from ui.hardware_view import fmt_seconds
 
 K = "fleet_"
 KEY_RUN, KEY_SCENARIO = K + "params", K + "scenario"
@@ -223,6 +224,8 @@ def summary(s: dict[str, Any], costs: bool = True) -> None:
         cols[4].metric("Throughput (tokens/s)", f"{s['throughput_tokens_per_s']:,.0f}")
         cols[5].metric("Finished", f"{s['finished']:,}")
         cols[6].metric("Dropped", f"{s['dropped']:,}")
+    if note := behind(s):
+        st.warning(note, icon=":material/hourglass_bottom:")
     if costs:
         cost_row(s)
 

@@ -43,6 +43,7 @@ from measure.hardware import (
     response_seconds,
     this_machine_profile,
 )
+from measure.units import fmt_gib, fmt_number, fmt_seconds
 from ui import presenter
 from ui.hardware_charts import PARTS, SERIES, decode_chart, fit_chart
 from ui.palette import LOCAL
@@ -72,38 +73,6 @@ class Choice:
 
 
 # ---- formatting ----------------------------------------------------------------------
-def fmt_number(value: float) -> str:
-    """About three significant figures, thousands separated: 1,234 · 56.7 · 8.90 · 0.277."""
-    if value >= 100:
-        return f"{value:,.0f}"
-    if value >= 10:
-        return f"{value:.1f}"
-    if value >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
-
-
-def fmt_count(value: int) -> str:
-    """A count as a figure reads it in a quarter of a laptop screen: 123,456 · 1.39M."""
-    return f"{value:,}" if value < 1_000_000 else f"{value / 1e6:.3g}M"
-
-
-def fmt_seconds(seconds: float) -> str:
-    """A duration in the unit a person reads best: ms, s, min or h."""
-    if seconds < 1:
-        return f"{fmt_number(seconds * 1e3)} ms"
-    if seconds < 120:
-        return f"{fmt_number(seconds)} s"
-    if seconds < 7200:
-        return f"{fmt_number(seconds / 60)} min"
-    return f"{fmt_number(seconds / 3600)} h"
-
-
-def fmt_gib(value: float) -> str:
-    """A memory size as its label reads: 24, 141, 640, 19.5."""
-    return f"{value:.3g}" if value < 1000 else f"{value:,.0f}"
-
-
 def _tex(value: float) -> str:
     """`fmt_number` for st.latex: `{,}` keeps a thousands comma from adding a space."""
     return fmt_number(value).replace(",", "{,}")

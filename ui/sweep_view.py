@@ -24,10 +24,11 @@ from engine.engine import Engine
 from engine.local import LocalPC
 from measure.hardware import aggregate_tokens_per_s
 from measure.roofline import Roofline, model_profile_key, roofline, user_grid
+from measure.units import fmt_number, fmt_seconds
 from server.remote import RemoteSide
 from ui import clicker, endpoints, hosting, inputs, method, presenter, server_charts, shared
 from ui import sweep_charts as charts
-from ui.hardware_view import fmt_number, fmt_seconds, this_machine
+from ui.hardware_view import this_machine
 from ui.job_slot import HEARTBEAT_S, SLOW_REFRESH_S, JobSlot
 from ui.palette import DATACENTER, LOCAL
 from workloads.job import ENGINE_CHANGED

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fleet_fakes import fake_layout
 
-from fleet.report import little, summary
+from fleet.report import behind, format_summary, little, summary
 from fleet.sim import FleetConfig, simulate
 from fleet.trace import LengthMix, Trace, TraceRequest, steady
 
@@ -45,6 +45,7 @@ def test_with_demand_below_capacity_the_queue_stays_bounded() -> None:
     assert max(halves[0]) <= lay.max_num_seqs and max(halves[1]) <= lay.max_num_seqs
     assert sum(halves[1]) / len(halves[1]) <= 2 * sum(halves[0]) / len(halves[0]) + 1
     assert len(res.finished) == len(trace.requests)
+    assert behind(summary(res)) is None
 
 
 def test_above_capacity_the_queue_grows() -> None:
@@ -55,6 +56,13 @@ def test_above_capacity_the_queue_grows() -> None:
     early = [s.waiting for s in res.samples if 20 <= s.t < 50]
     late = [s.waiting for s in res.samples if 120 <= s.t < 150]
     assert min(late) > 2 * max(early)
+    s = summary(res)
+    assert s["arrivals_s"] == 150.0 and s["simulated_s"] > 1.1 * 150.0
+    at_end = next(x for x in res.samples if x.t == 150.0)
+    assert s["waiting_at_arrivals_end"] == at_end.waiting > 0
+    note = behind(s)
+    assert note is not None and "queued when arrivals stopped, 2.50 min into the run" in note
+    assert note in format_summary(s).splitlines()
 
 
 def test_a_burst_of_requests_at_once_all_finish_in_arrival_order_of_admission() -> None:

@@ -10,6 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from fleet import store
+from fleet.report import behind
 from fleet.scenarios import FleetParams, day_of_1000_users, run_scenario
 from ui import fleet_charts as charts
 from ui import fleet_view as view
@@ -72,6 +73,15 @@ def test_a_run_shows_the_simulations_own_figures_and_every_chart() -> None:
         assert metric(at, label) == view.fmt_seconds(s[key])
     assert metric(at, "PCs") == f"{s['local']['pcs']:,}"
     assert len(at.get("vega_lite_chart")) == 5
+    # one replica of this machine falls behind 600 tokens/s: the page says so, and why
+    assert [w.value for w in at.warning] == [behind(s)] and behind(s) is not None
+
+
+def test_a_fleet_that_keeps_up_shows_no_warning() -> None:
+    at = page()
+    pick(at, **SMALL | {"tokens_per_s": 60.0})
+    press(at, "Run")
+    assert at.metric and not at.warning
 
 
 def test_a_bad_choice_is_a_readable_message() -> None:

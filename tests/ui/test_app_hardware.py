@@ -205,12 +205,3 @@ def test_fit_chart_stacks_weights_and_kv_against_device_memory():
     assert vega["layer"][0]["encoding"]["x"]["stack"] == "zero"
     assert [r["gib"] for r in rows["rule"]] == [24.0]
     assert rows["text"][0]["label"] == "RTX 4090 24 GB: 24 GiB"
-
-
-def test_formats_read_well_on_a_projector():
-    assert [view.fmt_number(v) for v in (1234.4, 56.71, 8.9, 0.27714)] == [
-        "1,234", "56.7", "8.90", "0.277"]
-    assert [view.fmt_seconds(s) for s in (0.3994, 8.712, 1853.0, 9000.0)] == [
-        "399 ms", "8.71 s", "30.9 min", "2.50 h"]
-    assert [view.fmt_count(n) for n in (0, 123_456, 999_999, 1_393_528, 12_500_000)] == [
-        "0", "123,456", "999,999", "1.39M", "12.5M"]
