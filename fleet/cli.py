@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None, prog: str = "batchlens fleet") -> int:
         ap.error(str(exc))
     t0 = time.perf_counter()
     def show(share: float) -> None:
-        print(f"\r  simulated {share:.0%}", end="", file=sys.stderr, flush=True)
+        print(f"\r  simulated {share:.0%} of the output tokens", end="", file=sys.stderr,
+              flush=True)
 
     s, _ = run_scenario(scenario, a.local_device, None if a.json else show)
     if not a.json:

@@ -159,7 +159,9 @@ class Fleet:
 
 
 def simulate(trace: Trace, config: FleetConfig, progress: Progress | None = None) -> FleetResult:
-    """Run the whole trace and drain the fleet; `progress(share)` is called as it goes."""
+    """Run the whole trace and drain the fleet; `progress(share)` is called as it goes,
+    with the share of the trace's output tokens made (so a long drain after the last
+    arrival still moves it), at most once per percent."""
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     fleet = Fleet(config)
     reqs = [SimRequest(i, r, f"r{i}", synthetic_tokens(r, i))
@@ -168,7 +170,7 @@ def simulate(trace: Trace, config: FleetConfig, progress: Progress | None = None
     tick = config.autoscaler.interval_s if config.autoscaler else math.inf
     next_tick, next_sample = tick, 0.0
     i, n = 0, len(reqs)
-    report_every = max(n // 100, 1)
+    total, shown = max(trace.output_tokens, 1), 0.0
     while True:
         busy = any(not r.idle for r in fleet.live())
         t_arr = reqs[i].arrival if i < n else math.inf
@@ -181,11 +183,14 @@ def simulate(trace: Trace, config: FleetConfig, progress: Progress | None = None
         if t == t_arr:
             fleet.route(reqs[i], t)
             i += 1
-            if progress is not None and i % report_every == 0:
-                progress(i / n)
         elif t == next_sample:
             samples.append(fleet.sample(t))
             next_sample += config.sample_s
+            if progress is not None:
+                made = sum(r.stats.output_tokens for r in fleet.replicas) / total
+                if made >= shown + 0.01:
+                    shown = made
+                    progress(min(made, 1.0))
         elif t == next_tick:
             fleet.scale(t)
             next_tick += tick

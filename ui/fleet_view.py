@@ -165,7 +165,7 @@ def _run(key: Any, make: Any, local_device: str) -> tuple[dict[str, Any], dict[s
     scenario: Scenario = make()
 
     def show(share: float) -> None:
-        bar.progress(min(share, 1.0), text=f"Simulating ... {share:.0%} of the requests")
+        bar.progress(min(share, 1.0), text=f"Simulating ... {share:.0%} of the output tokens")
 
     # the day is seeded and on measured kernels: the same run on every machine, kept on disk
     if isinstance(key, tuple) and key[0] == DAY_KEY:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from fleet_fakes import fake_layout
 
+from fleet import sim
 from fleet.report import behind, format_summary, little, summary
 from fleet.sim import FleetConfig, simulate
 from fleet.trace import LengthMix, Trace, TraceRequest, steady
@@ -72,3 +73,20 @@ def test_a_burst_of_requests_at_once_all_finish_in_arrival_order_of_admission() 
     starts = [r.first_scheduled for r in res.requests]
     assert starts == sorted(starts), "FCFS"
     assert len({round(s, 9) for s in starts}) == 3  # three waves of four
+
+
+def test_progress_counts_output_tokens_through_the_drain(monkeypatch) -> None:
+    """On a trace the fleet falls behind, most tokens come after the last arrival: the
+    progress keeps moving through the drain, in steps of at least a percent."""
+    routed, calls = [], []
+    real_route = sim.Fleet.route
+    monkeypatch.setattr(sim.Fleet, "route",
+                        lambda self, req, t: routed.append(t) or real_route(self, req, t))
+    trace = steady(2400.0, 150.0, MIX, seed=4)
+    simulate(trace, FleetConfig(fake_layout(), sample_s=5.0),
+             lambda share: calls.append((share, len(routed))))
+    shares = [share for share, _ in calls]
+    assert shares[-1] == 1.0 and shares == sorted(shares)
+    assert all(b - a >= 0.01 for a, b in zip(shares[:-2], shares[1:-1], strict=True))
+    in_drain = [share for share, n in calls if n == len(trace.requests) and share < 1.0]
+    assert len(in_drain) >= 10 and in_drain[0] < 0.6
