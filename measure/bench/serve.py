@@ -238,6 +238,11 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: dict[str, An
     res.prompt_tokens = record.prompt_tokens or res.prompt_tokens
     if res.error is None and not res.chunk_times:
         res.error = f"{url}: the stream ended without any content"
+        if record.finish_reason is not None:  # the model's own end: say what helps
+            res.error += f" (finish_reason {record.finish_reason!r})"
+            if not url.endswith(ENDPOINTS["chat"]):
+                res.error += ("; an instruct model given a bare prompt often ends at once: "
+                              "--endpoint chat or --ignore-eos makes it answer")
     return res
 
 
@@ -400,6 +405,9 @@ def format_summary(doc: dict[str, Any]) -> str:
                 lines.append(f"server /metrics mean {key.upper():<4} {server[key]:>9.1f} ms; "
                              f"client mean {name:<19} {c:>9.1f} ms "
                              f"({c / server[key] - 1:+.1%})")
+        if doc["failed"]:  # the server's histograms count every request it answered
+            lines.append(f"(the client's means leave out the {doc['failed']} failed "
+                         f"requests; the server's count every request it answered)")
     for msg, n in doc["errors"].items():
         lines.append(f"error x{n}: {msg}")
     return "\n".join(lines)
@@ -504,7 +512,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="the server's root or its /v1 URL (default: %(default)s)")
     ap.add_argument("--model", help="model name to send (default: the first of /v1/models)")
     ap.add_argument("--api-key", help=f"bearer key (default: ${API_KEY_ENV}, else none)")
-    ap.add_argument("--endpoint", choices=tuple(ENDPOINTS), default="completions")
+    ap.add_argument("--endpoint", choices=tuple(ENDPOINTS),
+                    help="default: chat for the bundled prompts (questions for an "
+                    "assistant, which an instruct model given them bare often ends at "
+                    "once), completions for the token-id datasets")
     ap.add_argument("--num-prompts", type=int, default=64, help="requests (default: 64)")
     ap.add_argument("--max-concurrency", type=int,
                     help="requests in flight at most (default: no limit)")
@@ -544,6 +555,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run the load against the server and print (and optionally save) the figures."""
     ap = build_parser(prog)
     a = ap.parse_args(argv)
+    a.endpoint = a.endpoint or ("chat" if a.dataset == "bundled" else "completions")
     if a.num_prompts < 1 or (a.max_concurrency is not None and a.max_concurrency < 1):
         ap.error("--num-prompts and --max-concurrency must be >= 1")
     if not a.request_rate > 0 or not a.burstiness > 0:

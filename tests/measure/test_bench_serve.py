@@ -113,6 +113,9 @@ def test_summary_figures_from_hand_made_results():
     doc["server_means_ms"] = {"ttft": 250.0}
     assert "server /metrics mean TTFT     250.0 ms; client mean TTFT" in serve.format_summary(doc)
     assert "(+20.0%)" in serve.format_summary(doc)
+    assert "leave out the 1 failed requests" in serve.format_summary(doc)  # 3 of 4 here
+    doc["failed"] = 0
+    assert "leave out" not in serve.format_summary(doc)
     assert summarize_load(LoadResult("u", "m", "chat", results, 4.0))["goodput"] is None
 
 
@@ -159,8 +162,8 @@ def sse(obj) -> str:
 class Canned:
     """/v1/completions answering by the `model` sent: `usage` (two chunks, usage 5),
     `chunks` (three chunks, no usage), `chat`-style deltas at /v1/chat/completions,
-    `malformed`, `error` (an SSE error event), `empty`, `slow` (silent 2 s), `count`
-    (tracks requests in flight)."""
+    `malformed`, `error` (an SSE error event), `empty`, `stopped` (a finish reason, no
+    text), `slow` (silent 2 s), `count` (tracks requests in flight)."""
 
     def __init__(self) -> None:
         self.in_flight = self.peak = 0
@@ -185,6 +188,9 @@ class Canned:
         elif model == "error":
             yield piece("a")
             yield "event: error\n" + sse({"error": {"message": "engine fell over"}})
+        elif model == "stopped":  # the model's end at once: a finish reason, no text
+            yield sse({"choices": [{"index": 0, "finish_reason": "stop",
+                                    **({"delta": {}} if chat else {"text": ""})}]})
         elif model == "slow":
             await asyncio.sleep(2)
         elif model == "count":
@@ -240,10 +246,16 @@ def test_stream_failures_name_the_endpoint(canned):
     # the messages of the one streaming client (server.stream_client), as a remote side's
     want = {"malformed": "malformed stream: an event is not JSON: '{oops'",
             "error": "error from the server mid-stream: engine fell over",
-            "empty": "the stream ended without any content"}
+            "empty": "the stream ended without any content",
+            "stopped": "the stream ended without any content (finish_reason 'stop'); an "
+                       "instruct model given a bare prompt often ends at once: --endpoint "
+                       "chat or --ignore-eos makes it answer"}
     for model, message in want.items():
         r = load(url, model).results[0]
         assert not r.ok and r.error == f"{url}/v1/completions: {message}"
+    r = load(url, "stopped", endpoint="chat").results[0]  # no hint where it cannot help
+    assert r.error == f"{url}/v1/chat/completions: the stream ended without any content " \
+        "(finish_reason 'stop')"
     r = load(url, "slow", timeout=0.3).results[0]
     assert r.error == f"{url}/v1/completions: timeout: nothing received for 0.3 s"
     with pytest.raises(EndpointError, match="malformed stream"):
@@ -323,7 +335,9 @@ def test_command_errors_name_the_endpoint(keyed, capsys, monkeypatch):
                        "1"]) == 1
     err = capsys.readouterr().err
     assert "'nope' is not among /v1/models (stub-model)" in err
-    assert f"{keyed}/v1/completions: 404 model 'nope' not found (The model `nope` does not exist" in err
+    # the bundled prompts go to the chat endpoint unless another is asked
+    assert (f"{keyed}/v1/chat/completions: 404 model 'nope' not found (The model `nope` does "
+            "not exist") in err
 
 
 def test_command_prints_and_saves_the_figures(canned, tmp_path, capsys):
@@ -335,6 +349,7 @@ def test_command_prints_and_saves_the_figures(canned, tmp_path, capsys):
     assert "completed requests" in text and "TPOT" in text and "goodput" in text
     doc = json.loads(out.read_text())
     assert (doc["model"], doc["completed"], doc["failed"]) == ("usage", 5, 0)
+    assert doc["endpoint"] == "chat"  # the bundled prompts' default
     assert doc["total_output_tokens"] == 25 and doc["goodput"] > 0
     assert doc["request_rate"] is None and doc["server_means_ms"] == {}  # inf; no /metrics
     assert set(doc["ttft_ms"]) == {"mean", "p50", "p90", "p99"}
