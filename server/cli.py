@@ -37,6 +37,16 @@ def origins(text: str) -> list[str]:
     return value
 
 
+def prefix(text: str) -> str:
+    """`--metrics-prefix`: a Prometheus name prefix (`server.metrics.metrics_prefix`)."""
+    from server.metrics import metrics_prefix
+
+    try:
+        return metrics_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("metrics prefix: ")) from None
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -53,6 +63,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--allowed-origins", type=origins, default=["*"], metavar="JSON",
                     help="origins a browser page may call the API from, a JSON list as "
                     "vLLM's flag takes (default: %(default)s; [] for none)")
+    ap.add_argument("--metrics-prefix", type=prefix, default="batchlens:", metavar="NAME",
+                    help="what /metrics' names start with: vllm lets a dashboard built for "
+                    "vLLM read them unmodified (default: batchlens)")
     ap.add_argument("--log-level", default="info",
                     choices=("critical", "error", "warning", "info", "debug"))
     eng = ap.add_argument_group("engine")
@@ -111,13 +124,14 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         **speculative_fields(args.speculative_config))
 
 
-def metrics_for(engine: Any) -> Any | None:
-    """A Prometheus exporter watching `engine` (None when server.metrics is absent)."""
+def metrics_for(engine: Any, prefix: str = "batchlens:") -> Any | None:
+    """A Prometheus exporter watching `engine`, its names under `prefix` (None when
+    server.metrics is absent)."""
     try:
         from server.metrics import ServerMetrics
     except ImportError:
         return None
-    metrics = ServerMetrics(lambda: engine, model_name=engine.loaded.name)
+    metrics = ServerMetrics(lambda: engine, model_name=engine.loaded.name, prefix=prefix)
     metrics.watch(engine)
     return metrics
 
@@ -176,7 +190,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                             max_waiting=args.max_waiting,
                             requests_per_minute=args.requests_per_minute,
                             tokens_per_minute=args.tokens_per_minute,
-                            metrics=metrics_for(engine))
+                            metrics=metrics_for(engine, args.metrics_prefix))
         app = Starlette(routes=routes, middleware=cors_middleware(args.allowed_origins))
         uvicorn.run(app, host=args.host, port=args.port,
                     log_level=args.log_level, timeout_graceful_shutdown=5)

@@ -1,16 +1,19 @@
 """Prometheus metrics of the shared engine, under vLLM's names with our own prefix.
 
 Every name, label and bucket list is vLLM V1's (`vllm/v1/metrics/loggers.py`) with
-`batchlens:` in place of `vllm:`, labelled `model_name`, so a vLLM Grafana dashboard works
-after a prefix swap (docs/metrics.md lists them all):
+`batchlens:` in place of `vllm:` (or any prefix asked: `vllm` lets a vLLM Grafana
+dashboard read them unmodified), labelled `model_name` (docs/metrics.md lists them all):
 
 - gauges read from the current engine at scrape time: `num_requests_running`,
   `num_requests_waiting`, `num_requests_waiting_by_reason{reason}`, `kv_cache_usage_perc`
-  (used blocks / blocks, 0-1) and the info gauge `cache_config_info`;
+  (used blocks / blocks, 0-1), also as `gpu_cache_usage_perc` (its name before vLLM
+  renamed it, which vLLM's example dashboard still reads) and the info gauge
+  `cache_config_info`;
 - counters and histograms fed by each watched engine's finish listener, so every request
   counts (a browser's, the API's, a workload's) and the totals survive an engine rebuild:
   token, prefix-cache, preemption, request-success and speculative-decoding counters, the
-  latency histograms (TTFT, ITL, TPOT, E2E, queue, prefill, decode, inference) and the
+  latency histograms (TTFT, ITL also as `time_per_output_token_seconds` for the same
+  reason, TPOT, E2E, queue, prefill, decode, inference) and the
   request-shape histograms (prompt, generation, max_tokens, n);
 - `iteration_tokens_total`, fed by each watched engine's step listener: the tokens of each
   engine step.
@@ -31,6 +34,7 @@ counts under `request_success`.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -79,13 +83,24 @@ CACHE_INFO_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "num_
 log = logging.getLogger(__name__)
 
 
-def _counter(reg: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
-    return Counter(PREFIX + name, doc, [LABEL, *labels], registry=reg)
+def metrics_prefix(value: str) -> str:
+    """The metric names' prefix as given ("vllm" or "vllm:"), with its colon; `ValueError`
+    naming it where Prometheus would refuse the names."""
+    name = value.strip().removesuffix(":")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError("metrics prefix: letters, digits and underscores, not starting "
+                         f"with a digit (such as vllm or batchlens), got {value!r}")
+    return name + ":"
 
 
-def _histogram(reg: CollectorRegistry, name: str, doc: str,
+def _counter(reg: CollectorRegistry, prefix: str, name: str, doc: str,
+             *labels: str) -> Counter:
+    return Counter(prefix + name, doc, [LABEL, *labels], registry=reg)
+
+
+def _histogram(reg: CollectorRegistry, prefix: str, name: str, doc: str,
                buckets: tuple[float, ...]) -> Histogram:
-    return Histogram(PREFIX + name, doc, [LABEL], registry=reg, buckets=buckets)
+    return Histogram(prefix + name, doc, [LABEL], registry=reg, buckets=buckets)
 
 
 def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
@@ -130,6 +145,7 @@ class _Series:
         self.success = {label: m.request_success.labels(name, label)
                         for label in dict.fromkeys(FINISHED_REASONS.values())}
         self.ttft, self.itl, self.tpot = child(m.ttft), child(m.itl), child(m.tpot)
+        self.itl_before = child(m.itl_before)
         self.e2e, self.queue_time = child(m.e2e), child(m.queue_time)
         self.prefill_time, self.decode_time = child(m.prefill_time), child(m.decode_time)
         self.inference_time = child(m.inference_time)
@@ -196,6 +212,7 @@ class _Series:
         self.decode_time.observe(last - first)
         for gap in m.itls:
             self.itl.observe(gap)
+            self.itl_before.observe(gap)
         if m.tpot is not None:  # two tokens or more
             self.tpot.observe(m.tpot)
         if m.first_scheduled_time is not None:
@@ -212,12 +229,12 @@ class _Series:
 class _SizedHistograms:
     """The histograms whose buckets follow an engine's limits, as vLLM sizes them."""
 
-    def __init__(self, reg: CollectorRegistry, max_model_len: int,
+    def __init__(self, reg: CollectorRegistry, prefix: str, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         lengths = build_1_2_5_buckets(max_model_len)
 
         def histogram(name: str, doc: str, buckets: tuple[int, ...]) -> Histogram:
-            return _histogram(reg, name, doc, buckets)
+            return _histogram(reg, prefix, name, doc, buckets)
 
         self.prompt = histogram("request_prompt_tokens",
                                 "Number of prefill tokens processed.", lengths)
@@ -246,20 +263,25 @@ class _EngineGauges(Collector):
         self._metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        running = GaugeMetricFamily(PREFIX + "num_requests_running",
+        prefix = self._metrics.prefix
+        running = GaugeMetricFamily(prefix + "num_requests_running",
                                     "Number of requests in model execution batches.",
                                     labels=[LABEL])
-        waiting = GaugeMetricFamily(PREFIX + "num_requests_waiting",
+        waiting = GaugeMetricFamily(prefix + "num_requests_waiting",
                                     "Number of requests waiting to be processed.",
                                     labels=[LABEL])
         by_reason = GaugeMetricFamily(
-            PREFIX + "num_requests_waiting_by_reason",
+            prefix + "num_requests_waiting_by_reason",
             "Number of requests waiting to be processed, by reason.",
             labels=[LABEL, "reason"])
-        usage = GaugeMetricFamily(PREFIX + "kv_cache_usage_perc",
+        usage = GaugeMetricFamily(prefix + "kv_cache_usage_perc",
                                   "KV-cache usage. 1 means 100 percent usage.",
                                   labels=[LABEL])
-        info = GaugeMetricFamily(PREFIX + "cache_config_info",
+        usage_before = GaugeMetricFamily(
+            prefix + "gpu_cache_usage_perc",
+            "KV-cache usage, under its name before kv_cache_usage_perc (vLLM's example "
+            "Grafana dashboard reads it). 1 means 100 percent usage.", labels=[LABEL])
+        info = GaugeMetricFamily(prefix + "cache_config_info",
                                  "Information of the LLMEngine CacheConfig",
                                  labels=[LABEL, *CACHE_INFO_LABELS])
         try:
@@ -274,11 +296,13 @@ class _EngineGauges(Collector):
             for reason in WAITING_REASONS:  # every waiting request waits for capacity
                 by_reason.add_metric([name, reason],
                                      stats.num_waiting if reason == "capacity" else 0)
-            usage.add_metric([name], stats.kv.usage if stats.kv is not None else 0.0)
+            kv_usage = stats.kv.usage if stats.kv is not None else 0.0
+            usage.add_metric([name], kv_usage)
+            usage_before.add_metric([name], kv_usage)
             cache_info = self._cache_info(engine, stats)
             if cache_info is not None:
                 info.add_metric([name, *cache_info], 1)
-        yield from (running, waiting, by_reason, usage, info)
+        yield from (running, waiting, by_reason, usage, usage_before, info)
 
     @staticmethod
     def _cache_info(engine: Engine, stats: ServingStats) -> tuple[str, ...] | None:
@@ -299,8 +323,10 @@ class ServerMetrics:
     """The /metrics exporter: `watch` every engine built, `render` on each scrape.
 
     `get_engine` returns the current engine (settings may rebuild it); `model_name`, if
-    given, labels every series, else each engine's `loaded.name` does. Each instance has
-    its own `CollectorRegistry` unless one is passed, so several never collide.
+    given, labels every series, else each engine's `loaded.name` does; `prefix` starts
+    every name (`metrics_prefix`: "vllm" lets vLLM's own dashboards read them unmodified).
+    Each instance has its own `CollectorRegistry` unless one is passed, so several never
+    collide.
     """
 
     def __init__(
@@ -308,16 +334,18 @@ class ServerMetrics:
         get_engine: Callable[[], Engine],
         model_name: str | None = None,
         registry: CollectorRegistry | None = None,
+        prefix: str = PREFIX,
     ) -> None:
         self.get_engine = get_engine
         self.model_name = model_name
+        self.prefix = metrics_prefix(prefix)
         self.registry = reg = registry if registry is not None else CollectorRegistry()
 
         def counter(name: str, doc: str, *labels: str) -> Counter:
-            return _counter(reg, name, doc, *labels)
+            return _counter(reg, self.prefix, name, doc, *labels)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return _histogram(reg, name, doc, buckets)
+            return _histogram(reg, self.prefix, name, doc, buckets)
 
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.prompt_tokens_by_source = counter(
@@ -343,6 +371,11 @@ class ServerMetrics:
                               "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds",
                              "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.itl_before = histogram(
+            "time_per_output_token_seconds",
+            "Histogram of inter-token latency in seconds, under its name before "
+            "inter_token_latency_seconds (vLLM's example Grafana dashboard reads it).",
+            ITL_BUCKETS)
         self.tpot = histogram("request_time_per_output_token_seconds",
                               "Histogram of time_per_output_token_seconds per request.",
                               TPOT_BUCKETS)
@@ -385,7 +418,7 @@ class ServerMetrics:
                 return
             self._watched.add(engine)
             if self.sized is None:
-                self.sized = _SizedHistograms(self.registry, engine.max_model_len,
+                self.sized = _SizedHistograms(self.registry, self.prefix, engine.max_model_len,
                                               engine.config.max_num_batched_tokens)
         series = self._series_for(self.model_name or engine.loaded.name)
         engine.add_finish_listener(lambda out: self._safely(series.record, out))

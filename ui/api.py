@@ -12,6 +12,8 @@ Settings, each from the environment or else Streamlit secrets (.streamlit/secret
     BATCHLENS_API_TPM   api_tokens_per_minute = N     where no key is set); none: no limit
     BATCHLENS_ALLOWED_ORIGINS   allowed_origins = ["*"]   origins a browser page may call
                                                       the API from (env: commas; "" none)
+    BATCHLENS_METRICS_PREFIX    metrics_prefix = "batchlens"   what /metrics' names start
+                                                      with ("vllm" for vLLM's dashboards)
 
 /health and /metrics stay open.
 """
@@ -31,7 +33,7 @@ from starlette.routing import BaseRoute
 
 from engine import Engine
 from engine.models import loader
-from server.metrics import ServerMetrics
+from server.metrics import PREFIX, ServerMetrics, metrics_prefix
 from server.routes import api_routes, cors_middleware
 from ui import shared
 
@@ -90,6 +92,18 @@ def allowed_origins() -> list[str]:
     return [value] if isinstance(value, str) else [str(o) for o in value]
 
 
+def prefix() -> str:
+    """BATCHLENS_METRICS_PREFIX, else `metrics_prefix` from Streamlit secrets, else
+    batchlens: what /metrics' names start with ("vllm" for vLLM's own dashboards);
+    `ValueError` naming the setting when Prometheus would refuse it."""
+    value = _setting("BATCHLENS_METRICS_PREFIX", "metrics_prefix")
+    try:
+        return metrics_prefix(PREFIX if value is None else str(value))
+    except ValueError as exc:
+        raise ValueError(f"metrics_prefix ($BATCHLENS_METRICS_PREFIX): "
+                         f"{str(exc).removeprefix('metrics prefix: ')}") from None
+
+
 def middleware() -> list[Middleware]:
     """CORS on the API's paths (not the pages'), from `allowed_origins()`."""
     return cors_middleware(allowed_origins())
@@ -97,7 +111,7 @@ def middleware() -> list[Middleware]:
 
 def routes() -> list[BaseRoute]:
     """The API's routes, with a metrics exporter that watches every shared engine."""
-    metrics = ServerMetrics(current_engine)
+    metrics = ServerMetrics(current_engine, prefix=prefix())
     shared.ENGINE_WATCHERS.append(metrics.watch)
     name = loader.resolve_model(os.environ.get("BATCHLENS_MODEL")).name
     return api_routes(current_engine, model_name=name, api_key=api_key(),

@@ -360,6 +360,16 @@ def test_serve_reads_vllms_allowed_origins_flag(capsys):
         assert "a JSON list of origins" in capsys.readouterr().err
 
 
+def test_serve_takes_a_metrics_prefix_prometheus_accepts(capsys):
+    assert build_parser().parse_args([]).metrics_prefix == "batchlens:"
+    for given in ("vllm", "vllm:"):
+        assert build_parser().parse_args(["--metrics-prefix", given]).metrics_prefix == "vllm:"
+    for bad in ("9x", "vllm-2", ""):
+        with pytest.raises(SystemExit):
+            build_parser("batchlens serve").parse_args(["--metrics-prefix", bad])
+        assert "letters, digits and underscores" in capsys.readouterr().err
+
+
 def test_no_engine_is_503():
     def no_engine():
         raise RuntimeError("still loading")

@@ -34,10 +34,10 @@ def exprs() -> list[str]:
     return [t["expr"] for p in panels(dashboard()["panels"]) for t in p.get("targets", [])]
 
 
-def exported_families() -> dict[str, str]:
+def exported_families(prefix: str = "batchlens") -> dict[str, str]:
     """Family name -> type, of everything a watched engine's exporter renders."""
     engine = StandInEngine(stats=serving_stats(running=1, waiting=1, used_blocks=1))
-    metrics = ServerMetrics(lambda: engine)
+    metrics = ServerMetrics(lambda: engine, prefix=prefix)
     metrics.watch(engine)
     body, _ = metrics.render()
     return {f.name: f.type for f in text_string_to_metric_families(body.decode())}
@@ -96,3 +96,25 @@ def test_prometheus_scrapes_the_dashboard_and_batchlens_serve():
     targets = {t for job in jobs.values() for sc in job["static_configs"] for t in sc["targets"]}
     assert targets == {"localhost:8501", f"localhost:{serve_port}"}
     assert {job["metrics_path"] for job in jobs.values()} == {"/metrics"}
+
+
+# the series vLLM's example dashboard queries
+# (examples/online_serving/prometheus_grafana/grafana.json at vLLM commit 004f771f)
+VLLM_DASHBOARD = (
+    "e2e_request_latency_seconds_bucket", "e2e_request_latency_seconds_sum",
+    "e2e_request_latency_seconds_count", "prompt_tokens_total", "generation_tokens_total",
+    "time_per_output_token_seconds_bucket", "time_per_output_token_seconds_sum",
+    "time_per_output_token_seconds_count", "num_requests_running", "num_requests_waiting",
+    "time_to_first_token_seconds_bucket", "time_to_first_token_seconds_sum",
+    "time_to_first_token_seconds_count", "gpu_cache_usage_perc",
+    "request_prompt_tokens_bucket", "request_generation_tokens_bucket",
+    "request_success_total", "request_queue_time_seconds_sum",
+    "request_prefill_time_seconds_sum", "request_decode_time_seconds_sum",
+    "request_max_num_generation_tokens_sum")
+
+
+def test_with_the_vllm_prefix_vllms_own_dashboard_finds_every_series_it_queries():
+    families = exported_families("vllm")
+    for sample in VLLM_DASHBOARD:
+        family, kind = family_of("vllm:" + sample, families)
+        assert families.get(family) == kind, f"{sample}: no {kind} {family} exported"

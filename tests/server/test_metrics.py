@@ -396,6 +396,28 @@ def test_model_name_labels_every_series(engine):
     assert not [k for k in s if dict(k[1]).get("model_name") == MODEL]
 
 
+def test_a_prefix_of_vllm_gives_vllms_own_names_and_their_names_before_the_renames(engine):
+    """What vLLM's example Grafana dashboard reads: `vllm:*`, including the KV usage and
+    inter-token histogram under the names they had before vLLM renamed them."""
+    m = ServerMetrics(lambda: engine, prefix="vllm")
+    m.watch(engine)
+    engine.finish(output(tokens=4, gap=0.05))
+    s = scrape(m)
+    assert not [name for name, _ in s if not name.startswith("vllm:")]
+
+    def got(name: str, **labels: str) -> float:
+        return s[("vllm:" + name, tuple(sorted({"model_name": MODEL, **labels}.items())))]
+
+    assert got("generation_tokens_total") == 4
+    assert got("gpu_cache_usage_perc") == got("kv_cache_usage_perc") == 16 / 64
+    assert got("time_per_output_token_seconds_count") == got(
+        "inter_token_latency_seconds_count") == 3
+    assert got("time_per_output_token_seconds_sum") == pytest.approx(0.15)
+    assert got("time_per_output_token_seconds_bucket", le="0.075") == 3
+    with pytest.raises(ValueError, match="metrics prefix: .*got 'vllm-2'"):
+        ServerMetrics(lambda: engine, prefix="vllm-2")
+
+
 def test_each_instance_has_its_own_registry(engine, metrics):
     other = ServerMetrics(lambda: engine)  # same names: no "duplicated timeseries" error
     other.watch(engine)

@@ -19,3 +19,26 @@ def test_allowed_origins_from_the_environment(monkeypatch, env, origins):
         monkeypatch.setenv("BATCHLENS_ALLOWED_ORIGINS", env)
     assert api.allowed_origins() == origins
     assert len(api.middleware()) == (1 if origins else 0)
+
+
+@pytest.mark.parametrize(("env", "prefix"), [(None, "batchlens:"), ("vllm", "vllm:"),
+                                             ("vllm:", "vllm:")])
+def test_the_metrics_prefix_from_the_environment_reaches_the_exporter(monkeypatch, env, prefix):
+    if env is None:
+        monkeypatch.delenv("BATCHLENS_METRICS_PREFIX", raising=False)
+    else:
+        monkeypatch.setenv("BATCHLENS_METRICS_PREFIX", env)
+    monkeypatch.setattr(api.shared, "ENGINE_WATCHERS", [])
+    assert api.prefix() == prefix
+    api.routes()
+    (watch,) = api.shared.ENGINE_WATCHERS  # the exporter's own watch method
+    assert watch.__self__.prefix == prefix
+    body, _ = watch.__self__.render()
+    assert f"# TYPE {prefix}num_requests_running gauge" in body.decode()
+
+
+def test_a_metrics_prefix_prometheus_would_refuse_names_the_setting(monkeypatch):
+    monkeypatch.setenv("BATCHLENS_METRICS_PREFIX", "9-lives")
+    with pytest.raises(ValueError, match=r"metrics_prefix \(\$BATCHLENS_METRICS_PREFIX\): "
+                                         r"letters, digits and underscores.*'9-lives'"):
+        api.prefix()
