@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ import torch
 from engine.config import SamplingParams
 from engine.engine import Engine
 from engine.local import LocalPC
-from engine.metrics import RunSummary, summarize
+from engine.metrics import RunSummary, percentile, summarize
 from engine.models.loaded import Prompt
 from engine.outputs import RequestHandle, RequestOutput
 from engine.serving import ServingSide
@@ -365,6 +366,37 @@ def progress_line(snap: RaceSnapshot) -> str:
     return f"{snap.elapsed:6.1f} s  " + (" · ".join(parts) or "starting")
 
 
+def figures_table(snap: RaceSnapshot) -> str:
+    """A finished race's figures per side, as the page charts them: tokens/s in total and
+    per user, TTFT (p50 and the longest wait), TPOT, when the last answer ended, and the
+    KV memory reserved and used at the side's peak reservation (the rest is wasted)."""
+    head = (f"{'side':<11}{'users':>6}{'tokens':>8}{'tok/s':>8}{'tok/s/user':>11}"
+            f"{'TTFT p50':>10}{'TTFT max':>10}{'TPOT p50':>10}{'last done':>11}"
+            f"{'KV reserved':>13}{'KV used':>9}")
+    lines = [head, "-" * len(head)]
+    for name, view in snap.sides.items():
+        rows = [r for r in snap.rows if r["side"] == name]
+        if not view.started or not rows:
+            continue
+        kv = [r for r in snap.kv if r["side"] == name]
+        reserved = max((r for r in kv if r["kind"] == "reserved"), key=lambda r: r["bytes"],
+                       default=None)
+        used = next((r["bytes"] for r in kv if r["kind"] == "used" and reserved is not None
+                     and r["t"] == reserved["t"]), 0)
+        rate = view.total_tokens_per_s
+        lines.append(
+            f"{LABELS[name]:<11}{view.num_users:>6}{view.total_tokens:>8,}"
+            f"{rate if rate is not None else math.nan:>8.1f}"
+            f"{percentile([r['tokens_per_s'] for r in rows], 50):>11.1f}"
+            f"{percentile([r['ttft_s'] for r in rows], 50):>8.2f} s"
+            f"{max(r['ttft_s'] or 0.0 for r in rows):>8.2f} s"
+            f"{percentile([r['tpot_s'] for r in rows], 50) * 1e3:>7.0f} ms"
+            f"{max(r['e2e_s'] or 0.0 for r in rows):>9.2f} s"
+            f"{(reserved['bytes'] if reserved else 0) / 2**20:>9.1f} MiB"
+            f"{used / 2**20:>5.1f} MiB")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") -> int:
     """Run one race headless, printing its progress every few seconds, then both sides'
     figures (for comparing with the page). Ctrl-C stops it, freeing what it holds."""
@@ -391,10 +423,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m workloads.race") 
             ap.error(str(exc))
         race.follow(lambda: progress_line(race.snapshot()), PROGRESS_S)
         snap = race.snapshot()
-    for name, view in snap.sides.items():
-        rate = view.total_tokens_per_s
-        print(f"{name:>10}: {view.total_tokens} tokens"
-              + (f", {rate:.1f} tokens/s" if rate is not None else ""))
+    print(figures_table(snap))
     print(f"datacenter / local PC: {snap.ratio:.1f}x" if snap.ratio else snap.error or snap.phase)
     return 0 if snap.error is None and snap.phase == "done" else 1
 

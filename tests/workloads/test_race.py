@@ -18,7 +18,7 @@ from engine import (
     ServingStats,
     summarize,
 )
-from workloads.race import Race, RaceSnapshot, SideView, progress_line
+from workloads.race import Race, RaceSnapshot, SideView, figures_table, progress_line
 
 PROMPTS = [[{"role": "user", "content": c}] for c in
            ("What is the capital of France?", "Name a colour.", "Count to three.")]
@@ -145,6 +145,29 @@ def test_the_commands_progress_line_counts_each_started_side():
     assert progress_line(snap) == "   4.2 s  datacenter: 3/16 users done, 1,234 tokens"
     idle = dataclasses.replace(snap, sides={"local": SideView.idle("local", 16)})
     assert progress_line(idle).endswith("starting")
+
+
+def test_the_commands_table_has_each_sides_latency_and_peak_kv():
+    def row(side, ttft, tpot, e2e, rate):
+        return {"side": side, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
+                "tokens_per_s": rate}
+
+    dc = dataclasses.replace(SideView.idle("datacenter", 2), started=True, finished=True,
+                             total_tokens=64, total_tokens_per_s=160.0)
+    rows = [row("datacenter", 0.1, 0.02, 0.4, 80.0), row("datacenter", 0.3, 0.03, 0.5, 60.0)]
+    mib = 2**20
+    kv = [{"side": "datacenter", "t": t, "kind": kind, "bytes": b * mib}
+          for t, kind, b in ((0.1, "reserved", 2), (0.1, "used", 1), (0.2, "reserved", 4),
+                             (0.2, "used", 3))]
+    snap = RaceSnapshot("done", 1.0, {"datacenter": dc, "local": SideView.idle("local", 2)},
+                        [], kv, [], rows, True, None, None)
+    head, rule, line = figures_table(snap).splitlines()  # the local side had not started
+    assert head.split() == ["side", "users", "tokens", "tok/s", "tok/s/user", "TTFT", "p50",
+                            "TTFT", "max", "TPOT", "p50", "last", "done", "KV", "reserved",
+                            "KV", "used"]
+    assert set(rule) == {"-"}
+    assert line.split() == ["datacenter", "2", "64", "160.0", "70.0", "0.20", "s", "0.30",
+                            "s", "25", "ms", "0.50", "s", "4.0", "MiB", "3.0", "MiB"]
 
 
 class FailingSide:
