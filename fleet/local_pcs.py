@@ -4,8 +4,10 @@ each token costs in energy. Speeds are `measure.hardware`'s roofline ceilings fo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleet.trace import TraceRequest
 from measure import hardware
 
 # device key -> (watts while generating, where the figure comes from)
@@ -33,6 +35,21 @@ class LocalFleet:
 
     def as_dict(self) -> dict[str, float | int | str]:
         return dict(self.__dict__)
+
+
+def busy_at_peak(requests: Sequence[TraceRequest], tokens_per_s: float) -> int:
+    """Requests answering at once at the busiest moment, were each answered from its
+    arrival on a PC of its own at `tokens_per_s` (for a trace of requests without users:
+    the PCs its users would need, whatever the fleet beside them did)."""
+    if not tokens_per_s > 0:
+        raise ValueError(f"tokens_per_s: must be > 0, got {tokens_per_s}")
+    edges = sorted([(r.arrival, 1) for r in requests]
+                   + [(r.arrival + r.output_tokens / tokens_per_s, -1) for r in requests])
+    busy = peak = 0
+    for _, step in edges:  # at a tie an end sorts first: back to back is one PC
+        busy += step
+        peak = max(peak, busy)
+    return peak
 
 
 def local_fleet(model: str | hardware.ModelProfile, device: str, users: int, context: int,

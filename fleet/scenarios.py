@@ -11,7 +11,7 @@ from typing import Any
 
 from fleet.autoscaler import AutoscalerConfig
 from fleet.layouts import Layout, builtin_layouts
-from fleet.local_pcs import local_fleet
+from fleet.local_pcs import busy_at_peak, local_fleet
 from fleet.projection import offered_layouts, projected_layout
 from fleet.report import series, summary
 from fleet.sim import FleetConfig, Progress, simulate
@@ -157,8 +157,11 @@ def run_scenario(scenario: Scenario, local_device: str = "laptop_cpu",
     reqs = result.trace.requests
     context = round(sum(r.prompt_tokens + r.output_tokens / 2 for r in reqs)
                     / max(len(reqs), 1)) or 1
-    users = (PRESET_1000.connected if "connected" in scenario.trace.name
-             else max(s["peak_in_system"], 1))
-    s["local"] = local_fleet(scenario.config.layout.model, local_device, users,
-                             context).as_dict()
+    model = scenario.config.layout.model
+    if "connected" in scenario.trace.name:
+        users = PRESET_1000.connected
+    else:
+        speed = local_fleet(model, local_device, 1, context).per_user_tokens_per_s
+        users = max(busy_at_peak(reqs, speed), 1)
+    s["local"] = local_fleet(model, local_device, users, context).as_dict()
     return s, series(result)

@@ -261,8 +261,9 @@ def local_block(s: dict[str, Any]) -> None:
     loc = s["local"]
     st.subheader("The same users, each on a PC of their own")
     cols = st.columns(3)
-    cols[0].metric("PCs", f"{loc['pcs']:,}", help="one per connected user (or per user "
-                   "in the system at the busiest moment, for a trace without users)")
+    cols[0].metric("PCs", f"{loc['pcs']:,}", help="one per connected user (for a trace "
+                   "without users: one per request answering at the busiest moment, each "
+                   "on its own PC at its speed)")
     cols[1].metric("Speed per user (tokens/s)", f"{loc['per_user_tokens_per_s']:,.1f}",
                    help=f"{loc['device_name']}: roofline ceiling, {loc['bound']}-bound")
     cols[2].metric("Energy per token", f"{loc['joules_per_token']:.2f} J",

@@ -11,7 +11,9 @@ from engine.core import StepStats
 from engine.metrics import RequestMetrics
 from fleet.check import step_periods, wake_seconds
 from fleet.costs import LinearStepCost, RooflineStepCost, fit_step_cost
-from fleet.local_pcs import local_fleet
+from fleet.local_pcs import busy_at_peak, local_fleet
+from fleet.scenarios import FleetParams, run_scenario
+from fleet.trace import TraceRequest
 from measure import hardware
 from measure import projection as P
 
@@ -90,3 +92,26 @@ def test_local_pcs_run_at_the_rooflines_batch_one_speed() -> None:
     assert loc.joules_per_token == pytest.approx(450.0 / want)
     with pytest.raises(ValueError, match="device"):
         local_fleet("llama-3-8b", "h100", 10, 100)
+
+
+def test_pcs_for_a_trace_without_users_are_the_answers_at_once_at_the_peak() -> None:
+    """Each request on a PC of its own from its arrival, 10 tokens/s: [0, 2], [1, 2],
+    [2, 3] (back to back with the first two: no overlap) and [2.5, 4.5]."""
+    reqs = [TraceRequest(0.0, 5, 20), TraceRequest(1.0, 5, 10), TraceRequest(2.0, 5, 10),
+            TraceRequest(2.5, 5, 20)]
+    assert busy_at_peak(reqs, 10.0) == 2
+    assert busy_at_peak(reqs, 1.0) == 4  # slow PCs: every answer still going at 2.5 s
+    assert busy_at_peak([], 10.0) == 0
+    with pytest.raises(ValueError, match="tokens_per_s"):
+        busy_at_peak(reqs, 0.0)
+
+
+def test_a_fleet_that_falls_behind_needs_no_more_pcs_beside_it() -> None:
+    """The PCs beside a run are the users', so a fleet that falls behind (its queue in the
+    tens of thousands) leaves them as they were."""
+    s, _ = run_scenario(FleetParams(trace="steady", tokens_per_s=20000.0, hours=0.02)
+                        .scenario())
+    assert s["peak_in_system"] > 20 * s["local"]["pcs"]
+    speed = s["local"]["per_user_tokens_per_s"]
+    trace = FleetParams(trace="steady", tokens_per_s=20000.0, hours=0.02).scenario().trace
+    assert s["local"]["pcs"] == busy_at_peak(trace.requests, speed)
