@@ -84,13 +84,12 @@ COMPLETION_UNSUPPORTED: dict[str, Check] = {
     "add_special_tokens": (lambda v: v is None or v is True,
                            "a text prompt always gets the tokenizer's special tokens here"),
     "chat_template_kwargs": (_absent, "only /v1/chat/completions has a chat template"),
+    "add_generation_prompt": (_absent, "only /v1/chat/completions has a chat template"),
+    "continue_final_message": (_absent, "only /v1/chat/completions has a chat template"),
 }
 CHAT_UNSUPPORTED: dict[str, Check] = {
     "echo": (_absent, "only /v1/completions takes echo"),
     "suffix": (_absent, "only /v1/completions takes suffix, and it is not supported here"),
-    "continue_final_message": (_absent, "continue_final_message is not supported here"),
-    "add_generation_prompt": (lambda v: v is None or v is True,
-                              "the generation prompt is always added here"),
     "add_special_tokens": (lambda v: v is None or v is False,
                            "a chat's templated prompt gets no more special tokens here"),
     "chat_template": (_absent, "the served model's own chat template is always used here"),
@@ -124,7 +123,7 @@ SERVED = frozenset({
     "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
     "top_logprobs", "prompt_logprobs", "echo", "n", "best_of", "stream", "stream_options",
-    "chat_template_kwargs",
+    "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
     # accepted, with nothing to do: who asks, tags, hints, and what is so here anyway
     "user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls",
     "request_id", "spaces_between_special_tokens", "cache_prompt",

@@ -10,8 +10,9 @@ token ids, or a list of either: one request each) / `messages` (chat), `max_toke
 `repetition_penalty`, `logit_bias`, `logprobs` (completions: how many top tokens; chat:
 true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices per prompt),
 `stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`, `min_tokens`,
-`stop_token_ids` and `chat_template_kwargs` (chat: extra variables for the model's chat
-template). What is refused and what ignored: `server.fields`. A wrong type or a bad value
+`stop_token_ids`, `chat_template_kwargs` (chat: extra variables for the model's chat
+template), `add_generation_prompt` and `continue_final_message` (chat: the template's
+switches, for an assistant's prefill). What is refused and what ignored: `server.fields`. A wrong type or a bad value
 is an `APIError` 400 whose `param` names the field; body errors come before an unknown
 model's 404, as vLLM's.
 
@@ -74,7 +75,8 @@ class GenerationRequest:
     max_tokens_param: str | None = None  # the field max_tokens came from; None: the default
     echo: bool = False  # completions: the prompt's text before the answer
     show_prompt_logprobs: bool = False  # vLLM's `prompt_logprobs` field was sent
-    template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # chat only
+    # chat only: the template's extra variables and its two switches (`template_switches`)
+    template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     ignored: tuple[str, ...] = ()  # the body's fields this server does not know
 
     @property
@@ -94,6 +96,8 @@ class GenerationRequest:
 
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+TEMPLATE_FIELDS = frozenset({"chat_template_kwargs", "add_generation_prompt",
+                             "continue_final_message"})
 
 
 def engine_error(message: str, *, chat: bool, max_tokens_param: str | None) -> APIError:
@@ -108,7 +112,7 @@ def engine_error(message: str, *, chat: bool, max_tokens_param: str | None) -> A
     elif word == "logprobs" and chat:
         param = "top_logprobs"
     else:
-        param = word if word in SAMPLING_FIELDS or word == "chat_template_kwargs" else None
+        param = word if word in SAMPLING_FIELDS or word in TEMPLATE_FIELDS else None
     if param is not None and param != word:
         message = param + message[len(word):]
     return bad_request(message, param)
@@ -129,10 +133,25 @@ def parse_chat(body: Body, model_name: str) -> GenerationRequest:
     check_supported(body, chat=True)
     req = _request(body, (parse_messages(body.get("messages")),), chat=True,
                    max_tokens_fields=("max_completion_tokens", "max_tokens"))
-    kwargs = template_kwargs(body.get("chat_template_kwargs"))
+    kwargs = template_kwargs(body.get("chat_template_kwargs")) | template_switches(body)
     check_model(body, model_name)
     return dataclasses.replace(req, template_kwargs=kwargs,
                                ignored=ignored_fields(body, chat=True))
+
+
+def template_switches(body: Body) -> dict[str, bool]:
+    """vLLM's `add_generation_prompt` (default true: the template opens the assistant's
+    turn) and `continue_final_message` (default false: true continues the last message,
+    an assistant's prefill, in place), each where it differs from its default; both true
+    is a 400, as in vLLM."""
+    add = flag(body, "add_generation_prompt", True)
+    cont = flag(body, "continue_final_message", False)
+    if add and cont:
+        raise bad_request("continue_final_message: the final message cannot be continued "
+                          "while add_generation_prompt opens a new turn; send "
+                          "add_generation_prompt: false with it", "continue_final_message")
+    return ({} if add else {"add_generation_prompt": False}) | (
+        {"continue_final_message": True} if cont else {})
 
 
 # apply_chat_template's own arguments and the variables it gives every template

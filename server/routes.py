@@ -609,23 +609,25 @@ def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
 
 def _tokenize(engine: Engine, body: dict[str, Any]) -> list[int]:
     """POST /tokenize's token ids: a `prompt` as text, or `messages` through the chat
-    template (`add_generation_prompt`, default true; `chat_template_kwargs`), as vLLM's
+    template (`add_generation_prompt`, default true; `continue_final_message`;
+    `chat_template_kwargs`), as vLLM's
     server tokenizes them."""
     special = protocol.flag(body, "add_special_tokens", "messages" not in body)
     tokenizer = engine.loaded.tokenizer
     if "messages" in body:
         messages = protocol.parse_messages(body["messages"])
         kwargs = protocol.template_kwargs(body.get("chat_template_kwargs"))
+        switches = protocol.template_switches(body)
         try:
             text = tokenizer.apply_chat_template(
-                messages, tokenize=False,
-                add_generation_prompt=protocol.flag(body, "add_generation_prompt", True),
+                messages, tokenize=False, **{"add_generation_prompt": True, **switches},
                 **kwargs)
         except Exception as exc:  # a template's own error (jinja's), or a clash
-            if not kwargs:
+            if not (kwargs or switches):
                 raise
-            raise bad_request(f"chat_template_kwargs: the chat template failed with them: "
-                              f"{exc}", "chat_template_kwargs") from None
+            param = "chat_template_kwargs" if kwargs else next(reversed(switches))
+            raise bad_request(f"{param}: the chat template failed with it: {exc}",
+                              param) from None
         return list(tokenizer(text, add_special_tokens=special)["input_ids"])
     prompt = body.get("prompt")
     if not isinstance(prompt, str):

@@ -61,7 +61,9 @@ class LoadedModel:
     def encode(self, prompt: Prompt,
                template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of a prompt; a chat gets the model's chat template, rendered with
-        `template_kwargs` as extra variables (vLLM's `chat_template_kwargs`)."""
+        `template_kwargs`: extra variables (vLLM's `chat_template_kwargs`) and the
+        template's own switches `add_generation_prompt` (default true) and
+        `continue_final_message`."""
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt must not be empty")
@@ -77,15 +79,15 @@ class LoadedModel:
             if all(isinstance(m, dict) for m in prompt):
                 if not any(str(m.get("content", "")).strip() for m in prompt):
                     raise ValueError("prompt must not be empty")
+                options = {"add_generation_prompt": True, **(template_kwargs or {})}
                 try:
-                    ids = self.tokenizer.apply_chat_template(
-                        list(prompt), add_generation_prompt=True, tokenize=True,
-                        **(template_kwargs or {}))
+                    ids = self.tokenizer.apply_chat_template(list(prompt), tokenize=True,
+                                                             **options)
                 except Exception as exc:  # a template's own error (jinja's), or a clash
                     if not template_kwargs:
                         raise
-                    raise ValueError(f"chat_template_kwargs: the chat template failed "
-                                     f"with them: {exc}") from None
+                    raise ValueError(f"{_asked(template_kwargs)}: the chat template failed "
+                                     f"with it: {exc}") from None
                 if isinstance(ids, dict) or hasattr(ids, "keys"):
                     ids = ids["input_ids"]
                 return list(ids)
@@ -93,6 +95,16 @@ class LoadedModel:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _asked(template_kwargs: Mapping[str, Any]) -> str:
+    """The request field a chat template's failure is about: its extra variables, else the
+    switch that was set."""
+    switches = ("add_generation_prompt", "continue_final_message")
+    if any(k not in switches for k in template_kwargs):
+        return "chat_template_kwargs"
+    return "continue_final_message" if "continue_final_message" in template_kwargs else (
+        "add_generation_prompt")
 
 
 def freeze_heap() -> None:

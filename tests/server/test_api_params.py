@@ -77,8 +77,8 @@ UNSUPPORTED = [
     (True, "store", True),
     (False, "service_tier", "flex"),
     (True, "echo", True),
-    (True, "continue_final_message", True),
-    (True, "add_generation_prompt", False),
+    (False, "continue_final_message", True),  # chat only
+    (False, "add_generation_prompt", True),
     (True, "stream_options.continuous_usage_stats", True),
     # vLLM's, not implemented here
     (False, "priority", 5),
@@ -164,6 +164,25 @@ def test_chat_template_kwargs_are_checked_and_kept():
         with pytest.raises(APIError) as err:
             protocol.parse_chat(_body(True, "chat_template_kwargs", value), STUB_MODEL)
         assert err.value.param == "chat_template_kwargs" and words in err.value.message
+
+
+def test_the_template_switches_are_vllms_and_kept_where_they_differ():
+    def switches(**body):
+        return protocol.parse_chat(_body(True, "user", "u") | body, STUB_MODEL).template_kwargs
+
+    assert switches() == {} and switches(add_generation_prompt=True) == {}
+    assert switches(add_generation_prompt=False) == {"add_generation_prompt": False}
+    prefill = switches(add_generation_prompt=False, continue_final_message=True,
+                       chat_template_kwargs={"enable_thinking": False})
+    assert prefill == {"enable_thinking": False, "add_generation_prompt": False,
+                       "continue_final_message": True}
+    for body, param in (({"continue_final_message": True}, "continue_final_message"),
+                        ({"add_generation_prompt": "no"}, "add_generation_prompt")):
+        with pytest.raises(APIError) as err:
+            switches(**body)
+        assert err.value.param == param
+    assert "send add_generation_prompt: false with it" in str(
+        pytest.raises(APIError, switches, continue_final_message=True).value.message)
 
 
 def test_body_errors_come_before_an_unknown_models_404():
@@ -560,6 +579,33 @@ def test_chat_template_kwargs_reach_the_models_template(url, name, loaded, clien
         assert (r.status_code, r.json()["error"]["param"]) == (400, "chat_template_kwargs")
     finally:
         tokenizer.chat_template = saved
+
+
+@pytest.mark.model
+def test_an_assistants_prefill_is_continued_in_place(url, name, loaded, client):
+    """vLLM's `continue_final_message` with `add_generation_prompt: false`: the prompt
+    ends inside the assistant's message (no end of turn, no new turn), on both routes that
+    apply the template, and greedy decoding continues it as it would the same text."""
+    chat = [{"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "The colour is"}]
+    prefill = {"add_generation_prompt": False, "continue_final_message": True}
+    r = httpx.post(url + "/tokenize", json={"messages": chat} | prefill, timeout=TIMEOUT_S)
+    assert r.status_code == 200, r.text
+    ids = r.json()["tokens"]
+    assert ids == loaded.encode(chat, prefill)
+    text = loaded.tokenizer.decode(ids)
+    assert text.endswith("<|im_start|>assistant\nThe colour is"), text
+    new_turn = loaded.encode(chat)  # the default: the message closed, a new turn opened
+    assert len(new_turn) > len(ids) and new_turn[:len(ids)] == ids
+    got = client.chat.completions.create(model=name, messages=chat, max_tokens=4,
+                                         temperature=0, extra_body=prefill)
+    assert got.usage.prompt_tokens == len(ids)
+    same = client.completions.create(model=name, prompt=ids, max_tokens=4, temperature=0)
+    assert got.choices[0].message.content == same.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:  # both true, as vLLM refuses it
+        client.chat.completions.create(model=name, messages=chat, max_tokens=1,
+                                       extra_body={"continue_final_message": True})
+    assert err.value.param == "continue_final_message"
 
 
 @pytest.mark.model
