@@ -132,6 +132,10 @@ def check_vocab(params: SamplingParams, vocab_size: int) -> None:
         if token >= vocab_size:
             raise ValueError(f"logit_bias: token id {token} is out of range "
                              f"(vocabulary of {vocab_size})")
+    for token in params.allowed_token_ids or ():
+        if token >= vocab_size:
+            raise ValueError(f"allowed_token_ids: token id {token} is out of range "
+                             f"(vocabulary of {vocab_size})")
 
 
 @dataclass
@@ -147,6 +151,8 @@ class SamplingParams:
     repetition_penalty: divides a positive logit (multiplies a negative one) of every token
         in the prompt or the output; 1 is off.
     logit_bias: token id -> value added to its logit.
+    allowed_token_ids: vLLM's: only these tokens may be chosen (None: any).
+    include_stop_str_in_output: vLLM's: a stop string that ends the answer stays in it.
     min_p: drop tokens whose probability is below min_p x the most likely token's.
     logprobs: None for none; k for the chosen token's log-probability and the top k.
     prompt_logprobs: the same for every prompt token (the first has none).
@@ -172,6 +178,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     n: int = 1
+    allowed_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -204,6 +212,14 @@ class SamplingParams:
         _check_range("min_p", self.min_p, 0.0, 1.0)
         _check_logprobs("logprobs", self.logprobs)
         _check_logprobs("prompt_logprobs", self.prompt_logprobs)
+        allowed = self.allowed_token_ids
+        if allowed is not None and (not isinstance(allowed, list) or not allowed or any(
+                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in allowed)):
+            raise ValueError("allowed_token_ids must be a non-empty list of token ids >= 0, "
+                             f"got {allowed!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError("include_stop_str_in_output must be true or false, got "
+                             f"{self.include_stop_str_in_output!r}")
 
     @property
     def greedy(self) -> bool:
@@ -213,9 +229,10 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """logit_bias or a penalty is set: the logits change before greedy or sampling."""
+        """logit_bias, allowed_token_ids or a penalty is set: the logits change before
+        greedy or sampling."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1.0)
+                    or self.repetition_penalty != 1.0 or self.allowed_token_ids is not None)
 
 
 def candidate_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -135,8 +135,8 @@ def make_request(
         p = candidate_params(params, i)
         seq = Sequence(candidate_id(request_id, i, params.n), token_ids, p,
                        RequestMetrics(arrival_time=arrival_time))
-        cands.append(Candidate(seq, IncrementalDetokenizer(tokenizer, p.stop),
-                               make_generator(p), index=i))
+        detok = IncrementalDetokenizer(tokenizer, p.stop, p.include_stop_str_in_output)
+        cands.append(Candidate(seq, detok, make_generator(p), index=i))
     first = cands[0]
     return Request(first.seq, first.detok, first.generator, others=cands[1:],
                    request_id=request_id)

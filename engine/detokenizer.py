@@ -34,13 +34,15 @@ def _rust_backend(tokenizer: Any) -> Any | None:
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas."""
 
-    def __init__(self, tokenizer: Any, stop: list[str] | None = None) -> None:
+    def __init__(self, tokenizer: Any, stop: list[str] | None = None,
+                 include_stop: bool = False) -> None:
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
         self.text = ""
         self._prefix_offset = 0
         self._read_offset = 0
         self.stop = stop or []
+        self.include_stop = include_stop  # the stop string that ends the text stays in it
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self._emitted = 0
         self.stopped = False
@@ -72,13 +74,13 @@ class IncrementalDetokenizer:
 
     def _check_stop(self, new_len: int) -> None:
         start = max(len(self.text) - new_len - self._hold, 0)
-        cut = -1
+        cut, found = -1, ""
         for s in self.stop:
             i = self.text.find(s, start)
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, found = i, s
         if cut != -1:
-            self.text = self.text[:cut]
+            self.text = self.text[: cut + len(found) if self.include_stop else cut]
             self.stopped = True
 
     def delta(self, final: bool = False) -> str:

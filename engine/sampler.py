@@ -3,7 +3,7 @@
 The order is vLLM V1's sampler's::
 
     raw logits -> (logprobs, `token_logprobs`)
-               -> logit_bias -> repetition, frequency, presence penalties   `process_logits`
+               -> allowed_token_ids -> logit_bias -> penalties               `process_logits`
                -> greedy rows: argmax
                -> sampled rows: temperature -> min_p -> top-k -> top-p      `filter_batch`
                                 -> exponential race                          `sample`
@@ -121,9 +121,24 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
     index = torch.tensor(rows, device=logits.device)
     x = logits.index_select(0, index)
     sub = [params[i] for i in rows]
+    x = apply_allowed(x, sub)
     x = apply_logit_bias(x, sub)
     x = apply_penalties(x, sub, [histories[i] for i in rows])
     return logits.index_copy(0, index, x)
+
+
+def apply_allowed(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """vLLM's allowed_token_ids: every other token's logit to -inf, in the rows that set
+    them (so neither greedy nor sampling can choose one)."""
+    rows = [(r, p.allowed_token_ids) for r, p in enumerate(params)
+            if p.allowed_token_ids is not None]
+    if not rows:
+        return logits
+    barred = torch.zeros_like(logits, dtype=torch.bool)
+    for r, allowed in rows:
+        barred[r] = True
+        barred[r, torch.tensor(allowed, device=logits.device)] = False
+    return logits.masked_fill(barred, float("-inf"))
 
 
 def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

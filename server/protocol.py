@@ -8,13 +8,14 @@ token ids, or a list of either: one request each) / `messages` (chat), `max_toke
 (chat: `max_completion_tokens` too, and it wins), `temperature`, `top_p`, `top_k`,
 `min_p`, `seed`, `stop` (a string or a list), `presence_penalty`, `frequency_penalty`,
 `repetition_penalty`, `logit_bias`, `logprobs` (completions: how many top tokens; chat:
-true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices per prompt),
-`stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`, `min_tokens`,
-`stop_token_ids`, `chat_template_kwargs` (chat: extra variables for the model's chat
-template), `add_generation_prompt` and `continue_final_message` (chat: the template's
-switches, for an assistant's prefill). What is refused and what ignored: `server.fields`. A wrong type or a bad value
-is an `APIError` 400 whose `param` names the field; body errors come before an unknown
-model's 404, as vLLM's.
+true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices
+per prompt), `stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`,
+`min_tokens`, `stop_token_ids`, `allowed_token_ids`, `include_stop_str_in_output`,
+`truncate_prompt_tokens`, `chat_template_kwargs` (chat: extra variables for the model's
+chat template), `add_generation_prompt` and `continue_final_message` (chat: the
+template's switches, for an assistant's prefill). What is refused and what ignored:
+`server.fields`. A wrong type or a bad value is an `APIError` 400 whose `param` names
+the field; body errors come before an unknown model's 404, as vLLM's.
 
 Default `max_tokens`: 16 for completions, as OpenAI's. For chat, vLLM's default is the
 rest of the context; here it is `CHAT_DEFAULT_MAX_TOKENS` (256), because a small model left
@@ -78,11 +79,23 @@ class GenerationRequest:
     # chat only: the template's extra variables and its two switches (`template_switches`)
     template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     ignored: tuple[str, ...] = ()  # the body's fields this server does not know
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
 
     @property
     def prompt(self) -> Prompt:
         """The first prompt (the only one but for a completions list)."""
         return self.prompts[0]
+
+    def truncated(self, token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's tokens as `truncate_prompt_tokens` keeps them (its last k; -1:
+        the context length); a k past the context length is a 400, as in vLLM."""
+        k = self.truncate_prompt_tokens
+        if k is None:
+            return token_ids
+        if k > max_model_len:
+            raise bad_request(f"truncate_prompt_tokens: {k} is more than the context length "
+                              f"({max_model_len})", "truncate_prompt_tokens")
+        return token_ids[-(max_model_len if k == -1 else k):]
 
     def error(self, message: str, index: int | None = None) -> APIError:
         """A 400 for an engine `ValueError` about this request ("prompt: ...",
@@ -249,14 +262,22 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
         "n": n,
+        "allowed_token_ids": (_int_list(body, "allowed_token_ids")
+                              if body.get("allowed_token_ids") is not None else None),
+        "include_stop_str_in_output": _bool(body, "include_stop_str_in_output", False),
     }
     try:
         params = SamplingParams(**fields)
     except ValueError as exc:
         raise engine_error(str(exc), chat=chat, max_tokens_param=max_tokens_param) from None
+    truncate = _int(body, "truncate_prompt_tokens", None)
+    if truncate is not None and truncate < 1 and truncate != -1:
+        raise bad_request(f"truncate_prompt_tokens must be >= 1, or -1 for the context "
+                          f"length, got {truncate}", "truncate_prompt_tokens")
     return GenerationRequest(prompts, params, stream=stream, include_usage=include_usage,
                              n=n, chat=chat, max_tokens_param=max_tokens_param, echo=echo,
-                             show_prompt_logprobs=body.get("prompt_logprobs") is not None)
+                             show_prompt_logprobs=body.get("prompt_logprobs") is not None,
+                             truncate_prompt_tokens=truncate)
 
 
 def _chat_logprobs(body: Body) -> int | None:

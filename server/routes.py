@@ -347,8 +347,9 @@ class _API:
         checked = []
         for i, prompt in enumerate(req.prompts):
             try:
-                token_ids = await anyio.to_thread.run_sync(engine.loaded.encode, prompt,
-                                                           req.template_kwargs)
+                token_ids = req.truncated(
+                    await anyio.to_thread.run_sync(engine.loaded.encode, prompt,
+                                                   req.template_kwargs), engine.max_model_len)
                 one = protocol.fit_default_max_tokens(
                     req, len(token_ids), min(engine.max_model_len, engine.pool_tokens))
                 engine.check(token_ids, one.params)  # a request that cannot run is not charged

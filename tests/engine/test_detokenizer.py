@@ -128,6 +128,14 @@ def test_the_earliest_stop_string_wins_and_text_after_it_in_the_token_is_dropped
     assert detok.stopped and detok.text == "hel" and "".join(deltas) == "hel"
 
 
+def test_include_stop_keeps_the_earliest_stop_string_and_drops_what_follows(tok) -> None:
+    """vLLM's include_stop_str_in_output: the text ends with the stop string that ended it,
+    handed out whole when it stops."""
+    detok = IncrementalDetokenizer(tok, stop=["world", "lo"], include_stop=True)
+    deltas = stream(detok, tok.encode("▁hello▁world▁again"))
+    assert detok.stopped and detok.text == "hello" and "".join(deltas) == "hello"
+
+
 def test_a_stop_string_in_the_first_token_leaves_no_text(tok) -> None:
     detok = IncrementalDetokenizer(tok, stop=["\n"])
     detok.add(tok.encode("\n")[0])

@@ -130,6 +130,21 @@ def test_a_logit_bias_steers_greedy_decoding() -> None:
     assert sample(process_logits(logits, [p], [([], [])]), [p], [None]) == [2]
 
 
+def test_allowed_token_ids_confine_greedy_and_sampled_choices() -> None:
+    logits = torch.tensor([[1.0, 5.0, 2.0, 4.0], [1.0, 5.0, 2.0, 4.0]])
+    only = SamplingParams(allowed_token_ids=[0, 2])
+    plain = SamplingParams()
+    x = process_logits(logits, [only, plain], [([], []), ([], [])])
+    assert x[0].tolist() == [1.0, float("-inf"), 2.0, float("-inf")]
+    assert x[1].tolist() == logits[1].tolist()  # a row without them is left as it was
+    assert sample(x, [only, plain], [None, None]) == [2, 1]
+    hot = SamplingParams(temperature=5.0, allowed_token_ids=[3], seed=1)
+    gen = torch.Generator().manual_seed(1)
+    picks = {sample(process_logits(logits[:1], [hot], [([], [])]), [hot], [gen])[0]
+             for _ in range(20)}
+    assert picks == {3}
+
+
 def test_logprobs_are_the_raw_log_softmax_with_top_k_and_rank() -> None:
     logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(9))
     tokens, ks = [3, 10, 0, 63, 7], [0, 1, 5, 20, 3]
@@ -222,3 +237,6 @@ def test_logit_bias_ids_are_checked_against_the_vocabulary() -> None:
     with pytest.raises(ValueError) as info:
         check_vocab(SamplingParams(logit_bias={99999: 1.0}), 49152)
     assert str(info.value) == ("logit_bias: token id 99999 is out of range (vocabulary of 49152)")
+    check_vocab(SamplingParams(allowed_token_ids=[0, 49151]), 49152)
+    with pytest.raises(ValueError, match=r"^allowed_token_ids: token id 49152 is out of range"):
+        check_vocab(SamplingParams(allowed_token_ids=[5, 49152]), 49152)

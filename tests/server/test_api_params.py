@@ -62,11 +62,8 @@ UNSUPPORTED = [
     (False, "guided_regex", "a+"),
     (False, "guided_choice", ["a", "b"]),
     (False, "guided_grammar", "root ::= 'a'"),
-    (False, "allowed_token_ids", [1, 2]),
     (False, "bad_words", ["no"]),
-    (False, "include_stop_str_in_output", True),
     (False, "skip_special_tokens", False),
-    (False, "truncate_prompt_tokens", 10),
     (False, "return_tokens_as_token_ids", True),
     (True, "audio", {"voice": "alloy"}),
     (True, "modalities", ["text", "audio"]),
@@ -183,6 +180,33 @@ def test_the_template_switches_are_vllms_and_kept_where_they_differ():
         assert err.value.param == param
     assert "send add_generation_prompt: false with it" in str(
         pytest.raises(APIError, switches, continue_final_message=True).value.message)
+
+
+def test_vllms_allowed_tokens_stop_strings_and_truncation_reach_the_request():
+    req = protocol.parse_completion({"prompt": "Hi", "allowed_token_ids": [5, 9],
+                                     "include_stop_str_in_output": True, "stop": ["."],
+                                     "truncate_prompt_tokens": 3}, STUB_MODEL)
+    assert req.params.allowed_token_ids == [5, 9] and req.params.include_stop_str_in_output
+    assert req.truncated([1, 2, 3, 4, 5], 8) == [3, 4, 5]
+    assert req.truncated([1, 2], 8) == [1, 2]
+    whole = protocol.parse_completion({"prompt": "Hi", "truncate_prompt_tokens": -1},
+                                      STUB_MODEL)
+    assert whole.truncated(list(range(10)), 4) == [6, 7, 8, 9]  # -1: the context length
+    plain = protocol.parse_completion({"prompt": "Hi"}, STUB_MODEL)
+    assert plain.params.allowed_token_ids is None and plain.truncated([1, 2], 1) == [1, 2]
+    with pytest.raises(APIError) as err:
+        req.truncated([1], 2)  # k = 3 past a context of 2
+    assert err.value.param == "truncate_prompt_tokens" and "context length (2)" in str(
+        err.value.message)
+    for extra, param in (({"allowed_token_ids": []}, "allowed_token_ids"),
+                         ({"allowed_token_ids": [1, -2]}, "allowed_token_ids"),
+                         ({"allowed_token_ids": "5"}, "allowed_token_ids"),
+                         ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+                         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+                         ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens")):
+        with pytest.raises(APIError) as err:
+            protocol.parse_completion({"prompt": "Hi"} | extra, STUB_MODEL)
+        assert (err.value.status, err.value.param) == (400, param)
 
 
 def test_body_errors_come_before_an_unknown_models_404():
@@ -606,6 +630,38 @@ def test_an_assistants_prefill_is_continued_in_place(url, name, loaded, client):
         client.chat.completions.create(model=name, messages=chat, max_tokens=1,
                                        extra_body={"continue_final_message": True})
     assert err.value.param == "continue_final_message"
+
+
+@pytest.mark.model
+def test_vllms_allowed_tokens_stop_strings_and_truncation_over_http(url, name, loaded,
+                                                                   client):
+    """allowed_token_ids confine every token; include_stop_str_in_output keeps the stop
+    string that ended the answer; truncate_prompt_tokens keeps the prompt's last k."""
+    ids = loaded.encode("The capital of France is Paris. The capital of Italy is")
+    allowed = loaded.encode(" yes no")
+    got = client.completions.create(model=name, prompt=ids, max_tokens=5, temperature=1.0,
+                                    seed=3, extra_body={"allowed_token_ids": allowed,
+                                                        "ignore_eos": True, "logprobs": 0})
+    assert set(loaded.encode(got.choices[0].text)) <= set(allowed)
+    free = client.completions.create(model=name, prompt=ids, max_tokens=8, temperature=0)
+    text = free.choices[0].text
+    stop = text.strip()[:3]  # a stop string the greedy answer meets
+    cut = client.completions.create(model=name, prompt=ids, max_tokens=8, temperature=0,
+                                    stop=[stop])
+    kept = client.completions.create(model=name, prompt=ids, max_tokens=8, temperature=0,
+                                     stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True})
+    assert cut.choices[0].finish_reason == kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].text == cut.choices[0].text + stop
+    assert text.startswith(kept.choices[0].text)
+    short = client.completions.create(model=name, prompt=ids, max_tokens=4, temperature=0,
+                                      extra_body={"truncate_prompt_tokens": 5})
+    tail = client.completions.create(model=name, prompt=ids[-5:], max_tokens=4,
+                                     temperature=0)
+    assert short.usage.prompt_tokens == 5 and short.choices[0].text == tail.choices[0].text
+    r = httpx.post(url + "/v1/completions", json={"model": name, "prompt": "Hi",
+                   "allowed_token_ids": [10**6]}, timeout=TIMEOUT_S)
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "allowed_token_ids")
 
 
 @pytest.mark.model
