@@ -153,6 +153,8 @@ class SamplingParams:
     logit_bias: token id -> value added to its logit.
     allowed_token_ids: vLLM's: only these tokens may be chosen (None: any).
     include_stop_str_in_output: vLLM's: a stop string that ends the answer stays in it.
+    skip_special_tokens: vLLM's: special tokens (an end of turn) add no text; False keeps
+        theirs.
     min_p: drop tokens whose probability is below min_p x the most likely token's.
     logprobs: None for none; k for the chosen token's log-probability and the top k.
     prompt_logprobs: the same for every prompt token (the first has none).
@@ -180,6 +182,7 @@ class SamplingParams:
     n: int = 1
     allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -217,9 +220,9 @@ class SamplingParams:
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in allowed)):
             raise ValueError("allowed_token_ids must be a non-empty list of token ids >= 0, "
                              f"got {allowed!r}")
-        if not isinstance(self.include_stop_str_in_output, bool):
-            raise ValueError("include_stop_str_in_output must be true or false, got "
-                             f"{self.include_stop_str_in_output!r}")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def greedy(self) -> bool:

@@ -135,7 +135,8 @@ def make_request(
         p = candidate_params(params, i)
         seq = Sequence(candidate_id(request_id, i, params.n), token_ids, p,
                        RequestMetrics(arrival_time=arrival_time))
-        detok = IncrementalDetokenizer(tokenizer, p.stop, p.include_stop_str_in_output)
+        detok = IncrementalDetokenizer(tokenizer, p.stop, p.include_stop_str_in_output,
+                                       p.skip_special_tokens)
         cands.append(Candidate(seq, detok, make_generator(p), index=i))
     first = cands[0]
     return Request(first.seq, first.detok, first.generator, others=cands[1:],

@@ -35,7 +35,7 @@ class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas."""
 
     def __init__(self, tokenizer: Any, stop: list[str] | None = None,
-                 include_stop: bool = False) -> None:
+                 include_stop: bool = False, skip_special: bool = True) -> None:
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
         self.text = ""
@@ -47,10 +47,12 @@ class IncrementalDetokenizer:
         self._emitted = 0
         self.stopped = False
         self._backend = _rust_backend(tokenizer)
-        self._stream = DecodeStream(skip_special_tokens=True) if self._backend else None
+        self.skip_special = skip_special  # special tokens (an end of turn) add no text
+        self._stream = (DecodeStream(skip_special_tokens=skip_special) if self._backend
+                        else None)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
     def add(self, token_id: int) -> None:
         """Append one token; update `text`; set `stopped` when a stop string appears."""

@@ -11,7 +11,7 @@ token ids, or a list of either: one request each) / `messages` (chat), `max_toke
 true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices
 per prompt), `stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`,
 `min_tokens`, `stop_token_ids`, `allowed_token_ids`, `include_stop_str_in_output`,
-`truncate_prompt_tokens`, `chat_template_kwargs` (chat: extra variables for the model's
+`skip_special_tokens`, `truncate_prompt_tokens`, `chat_template_kwargs` (chat: extra variables for the model's
 chat template), `add_generation_prompt` and `continue_final_message` (chat: the
 template's switches, for an assistant's prefill). What is refused and what ignored:
 `server.fields`. A wrong type or a bad value is an `APIError` 400 whose `param` names
@@ -265,6 +265,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         "allowed_token_ids": (_int_list(body, "allowed_token_ids")
                               if body.get("allowed_token_ids") is not None else None),
         "include_stop_str_in_output": _bool(body, "include_stop_str_in_output", False),
+        "skip_special_tokens": _bool(body, "skip_special_tokens", True),
     }
     try:
         params = SamplingParams(**fields)

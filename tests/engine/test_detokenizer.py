@@ -100,6 +100,12 @@ def test_special_tokens_add_no_text(tok) -> None:
     assert deltas == ["Hi", "!", "", ""] and detok.text == "Hi!"
 
 
+def test_special_tokens_keep_their_text_when_not_skipped(tok) -> None:
+    detok = IncrementalDetokenizer(tok, skip_special=False)
+    deltas = stream(detok, tok.encode("▁Hi", "!") + [EOS])
+    assert deltas == ["Hi", "!", "</s>", ""] and detok.text == "Hi!</s>"
+
+
 def test_a_stop_string_over_several_tokens_cuts_the_text_and_is_never_handed_out(tok) -> None:
     ids = tok.encode("▁The", "▁end", "EN", "D", "▁more")
     detok = IncrementalDetokenizer(tok, stop=["END"])

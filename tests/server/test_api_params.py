@@ -63,7 +63,6 @@ UNSUPPORTED = [
     (False, "guided_choice", ["a", "b"]),
     (False, "guided_grammar", "root ::= 'a'"),
     (False, "bad_words", ["no"]),
-    (False, "skip_special_tokens", False),
     (False, "return_tokens_as_token_ids", True),
     (True, "audio", {"voice": "alloy"}),
     (True, "modalities", ["text", "audio"]),
@@ -636,7 +635,8 @@ def test_an_assistants_prefill_is_continued_in_place(url, name, loaded, client):
 def test_vllms_allowed_tokens_stop_strings_and_truncation_over_http(url, name, loaded,
                                                                    client):
     """allowed_token_ids confine every token; include_stop_str_in_output keeps the stop
-    string that ended the answer; truncate_prompt_tokens keeps the prompt's last k."""
+    string that ended the answer; truncate_prompt_tokens keeps the prompt's last k;
+    skip_special_tokens false keeps the special tokens' text."""
     ids = loaded.encode("The capital of France is Paris. The capital of Italy is")
     allowed = loaded.encode(" yes no")
     got = client.completions.create(model=name, prompt=ids, max_tokens=5, temperature=1.0,
@@ -659,6 +659,13 @@ def test_vllms_allowed_tokens_stop_strings_and_truncation_over_http(url, name, l
     tail = client.completions.create(model=name, prompt=ids[-5:], max_tokens=4,
                                      temperature=0)
     assert short.usage.prompt_tokens == 5 and short.choices[0].text == tail.choices[0].text
+    eos = loaded.tokenizer.eos_token_id
+    ends = {"allowed_token_ids": [eos], "ignore_eos": True}  # two end-of-turn tokens
+    bare = client.completions.create(model=name, prompt=ids, max_tokens=2, extra_body=ends)
+    shown = client.completions.create(model=name, prompt=ids, max_tokens=2,
+                                      extra_body=ends | {"skip_special_tokens": False})
+    assert bare.choices[0].text == "" and bare.usage.completion_tokens == 2
+    assert shown.choices[0].text == loaded.tokenizer.eos_token * 2
     r = httpx.post(url + "/v1/completions", json={"model": name, "prompt": "Hi",
                    "allowed_token_ids": [10**6]}, timeout=TIMEOUT_S)
     assert (r.status_code, r.json()["error"]["param"]) == (400, "allowed_token_ids")
