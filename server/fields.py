@@ -137,10 +137,6 @@ def check_supported(body: Body, chat: bool) -> None:
         for name, (fine, why) in table.items():
             if name in body and not fine(body[name]):
                 raise bad_request(f"{name}: {why} (got {shown(body[name])})", name)
-    options = body.get("stream_options")
-    if isinstance(options, dict) and not _absent(options.get("continuous_usage_stats")):
-        raise bad_request("stream_options.continuous_usage_stats: usage is sent in the "
-                          "closing chunk only", "stream_options.continuous_usage_stats")
 
 
 def ignored_fields(body: Body, chat: bool) -> tuple[str, ...]:

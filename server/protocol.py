@@ -9,7 +9,8 @@ token ids, or a list of either: one request each) / `messages` (chat), `max_toke
 `min_p`, `seed`, `stop` (a string or a list), `presence_penalty`, `frequency_penalty`,
 `repetition_penalty`, `logit_bias`, `logprobs` (completions: how many top tokens; chat:
 true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices
-per prompt), `stream`, `stream_options.include_usage`, and vLLM's `ignore_eos`,
+per prompt), `stream`, `stream_options.include_usage` (and vLLM's
+`continuous_usage_stats`), and vLLM's `ignore_eos`,
 `min_tokens`, `stop_token_ids`, `allowed_token_ids`, `include_stop_str_in_output`,
 `skip_special_tokens`, `truncate_prompt_tokens`, `chat_template_kwargs` (chat: extra variables for the model's
 chat template), `add_generation_prompt` and `continue_final_message` (chat: the
@@ -71,6 +72,7 @@ class GenerationRequest:
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's: usage so far in every chunk too
     n: int = 1
     chat: bool = False
     max_tokens_param: str | None = None  # the field max_tokens came from; None: the default
@@ -229,6 +231,11 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         raise bad_request(f"stream_options must be an object, got {shown(options)}",
                           "stream_options")
     include_usage = _bool(options or {}, "include_usage", False, "stream_options.include_usage")
+    continuous = _bool(options or {}, "continuous_usage_stats", False,
+                       "stream_options.continuous_usage_stats")
+    if continuous and not include_usage:
+        raise bad_request("stream_options.continuous_usage_stats: only with include_usage "
+                          "true, as in vLLM", "stream_options.continuous_usage_stats")
     if options and not stream:  # as vLLM: options for a stream that is not one
         raise bad_request(f"stream_options: only with stream=true (got {shown(options)})",
                           "stream_options")
@@ -276,7 +283,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         raise bad_request(f"truncate_prompt_tokens must be >= 1, or -1 for the context "
                           f"length, got {truncate}", "truncate_prompt_tokens")
     return GenerationRequest(prompts, params, stream=stream, include_usage=include_usage,
-                             n=n, chat=chat, max_tokens_param=max_tokens_param, echo=echo,
+                             continuous_usage=continuous, n=n, chat=chat, max_tokens_param=max_tokens_param, echo=echo,
                              show_prompt_logprobs=body.get("prompt_logprobs") is not None,
                              truncate_prompt_tokens=truncate)
 
@@ -506,10 +513,12 @@ class Reply:
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
               role: bool = False, *, index: int = 0,
-              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+              logprobs: dict[str, Any] | None = None,
+              usage: dict[str, Any] | None = None) -> dict[str, Any]:
         """One stream chunk of choice `index`: new text (None: none, e.g. the closing
         chunk), the finish reason on the last one, the assistant role on a chat's first
-        one, the log-probabilities of the tokens it carries."""
+        one, the log-probabilities of the tokens it carries, and (vLLM's continuous usage
+        stats) the usage so far."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
             delta = {"role": "assistant"} if role else {}
@@ -519,7 +528,8 @@ class Reply:
         else:
             choice["text"] = text or ""
         choice |= {"logprobs": logprobs, "finish_reason": finish_reason}
-        return self._head(True) | {"choices": [choice]}
+        return self._head(True) | {"choices": [choice]} | (
+            {"usage": usage} if usage is not None else {})
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The closing chunk `stream_options.include_usage` asks for: usage, no choices."""

@@ -388,16 +388,27 @@ class _API:
         candidates' handles in choice order."""
         logprobs = [_StreamLogprobs(req, h, texts) for h in choices]
         echoed = [not req.echo] * len(choices)
+        prompt_tokens = sum(len(h.prompt_token_ids) for h in handles)
+
+        def so_far() -> dict[str, int] | None:
+            """vLLM's continuous usage stats: the tokens up to this chunk."""
+            if not req.continuous_usage:
+                return None
+            made = sum(h.num_tokens for h in choices)
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": made,
+                    "total_tokens": prompt_tokens + made}
+
         try:
             if reply.chat:
-                yield sse(reply.chunk("", role=True))
+                yield sse(reply.chunk("", role=True, usage=so_far()))
             async for i, text, done in self._progress(choices):
                 if text and not echoed[i]:  # the prompt's text once its logprobs are known
                     echoed[i] = True
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
-                                          logprobs=logprobs[i].prompt()))
+                                          logprobs=logprobs[i].prompt(), usage=so_far()))
                 if text:
-                    yield sse(reply.chunk(text, index=i, logprobs=logprobs[i].new()))
+                    yield sse(reply.chunk(text, index=i, logprobs=logprobs[i].new(),
+                                          usage=so_far()))
                 if not done:
                     continue
                 out = choices[i].result()
@@ -408,9 +419,9 @@ class _API:
                 if not echoed[i]:
                     echoed[i] = True
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
-                                          logprobs=logprobs[i].prompt()))
+                                          logprobs=logprobs[i].prompt(), usage=so_far()))
                 yield sse(reply.chunk(None, out.finish_reason, index=i,
-                                      logprobs=logprobs[i].new(out)))
+                                      logprobs=logprobs[i].new(out), usage=so_far()))
             if req.include_usage:
                 for handle in handles:  # a request ends just after its last choice
                     await self.watcher.wait_done(handle)

@@ -75,7 +75,7 @@ UNSUPPORTED = [
     (True, "echo", True),
     (False, "continue_final_message", True),  # chat only
     (False, "add_generation_prompt", True),
-    (True, "stream_options.continuous_usage_stats", True),
+    (True, "stream_options.continuous_usage_stats", True),  # without include_usage
     # vLLM's, not implemented here
     (False, "priority", 5),
     (True, "cache_salt", "tenant-a"),
@@ -669,6 +669,24 @@ def test_vllms_allowed_tokens_stop_strings_and_truncation_over_http(url, name, l
     r = httpx.post(url + "/v1/completions", json={"model": name, "prompt": "Hi",
                    "allowed_token_ids": [10**6]}, timeout=TIMEOUT_S)
     assert (r.status_code, r.json()["error"]["param"]) == (400, "allowed_token_ids")
+
+
+@pytest.mark.model
+def test_continuous_usage_stats_count_the_tokens_in_every_chunk(name, client):
+    """vLLM's `continuous_usage_stats`: every chunk carries the usage so far, counting up
+    to the closing chunk's, over both candidates of n=2."""
+    chunks = list(client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Count to five."}], n=2,
+        max_tokens=6, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert all(c.usage is not None for c in chunks)
+    made = [c.usage.completion_tokens for c in chunks]
+    assert made == sorted(made) and made[0] == 0 and made[-1] == 12
+    assert len({c.usage.prompt_tokens for c in chunks}) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == (
+        chunks[-1].usage.prompt_tokens + 12)
+    assert [c.usage.completion_tokens for c in chunks if c.choices and
+            c.choices[0].finish_reason][-1] == 12
 
 
 @pytest.mark.model
