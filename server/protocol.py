@@ -12,7 +12,8 @@ true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16
 per prompt), `stream`, `stream_options.include_usage` (and vLLM's
 `continuous_usage_stats`), and vLLM's `ignore_eos`,
 `min_tokens`, `stop_token_ids`, `allowed_token_ids`, `include_stop_str_in_output`,
-`skip_special_tokens`, `truncate_prompt_tokens`, `chat_template_kwargs` (chat: extra variables for the model's
+`skip_special_tokens`, `truncate_prompt_tokens`, `return_tokens_as_token_ids`,
+`chat_template_kwargs` (chat: extra variables for the model's
 chat template), `add_generation_prompt` and `continue_final_message` (chat: the
 template's switches, for an assistant's prefill). What is refused and what ignored:
 `server.fields`. A wrong type or a bad value is an `APIError` 400 whose `param` names
@@ -82,6 +83,7 @@ class GenerationRequest:
     template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     ignored: tuple[str, ...] = ()  # the body's fields this server does not know
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
 
     @property
     def prompt(self) -> Prompt:
@@ -285,7 +287,9 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
     return GenerationRequest(prompts, params, stream=stream, include_usage=include_usage,
                              continuous_usage=continuous, n=n, chat=chat, max_tokens_param=max_tokens_param, echo=echo,
                              show_prompt_logprobs=body.get("prompt_logprobs") is not None,
-                             truncate_prompt_tokens=truncate)
+                             truncate_prompt_tokens=truncate,
+                             return_tokens_as_token_ids=_bool(
+                                 body, "return_tokens_as_token_ids", False))
 
 
 def _chat_logprobs(body: Body) -> int | None:

@@ -298,7 +298,7 @@ class _API:
         reply = Reply.new(req.chat, self.model_name)
         handles, charge = await self._submit(request, engine, req, reply.id, key)
         choices = [c for h in handles for c in h.candidates]  # prompt i's n, in order
-        texts = TokenText(engine.loaded.tokenizer)
+        texts = TokenText(engine.loaded.tokenizer, as_ids=req.return_tokens_as_token_ids)
 
         def close() -> None:  # nothing when they finished; frees blocks when they had not
             for handle in handles:
@@ -326,7 +326,8 @@ class _API:
                   for i, out in enumerate(outs)]
         extra = {}
         if req.show_prompt_logprobs:
-            shown = [protocol.prompt_logprobs(out.prompt_logprobs or [], texts) for out in outs]
+            shown = [protocol.prompt_logprobs(out.prompt_logprobs or [], texts.mark)
+                     for out in outs]
             if req.chat:  # vLLM: top level for chat, per choice for completions
                 extra["prompt_logprobs"] = shown[0]
             else:
@@ -651,11 +652,14 @@ def _tokenize(engine: Engine, body: dict[str, Any]) -> list[int]:
 
 
 class TokenText:
-    """Each token's own text, for log-probabilities (decoded once per token id)."""
+    """Each token's own text (decoded once per token id), and how log-probabilities name
+    it (`mark`): its text, or "token_id:N" where vLLM's `return_tokens_as_token_ids` asks
+    for the id itself (a token whose text is not valid UTF-8 on its own stays exact)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self._tokenizer = tokenizer
         self._texts: dict[int, str] = {}
+        self.as_ids = as_ids
 
     def __call__(self, token: int) -> str:
         text = self._texts.get(token)
@@ -663,6 +667,9 @@ class TokenText:
             text = self._texts[token] = self._tokenizer.decode([token],
                                                                skip_special_tokens=False)
         return text
+
+    def mark(self, token: int) -> str:
+        return f"token_id:{token}" if self.as_ids else self(token)
 
 
 def _echo(req: GenerationRequest, i: int, texts: TokenText) -> str:
@@ -680,12 +687,12 @@ def _whole_logprobs(req: GenerationRequest, out: RequestOutput,
     if out.logprobs is None:
         return None
     if req.chat:
-        return protocol.chat_logprobs(out.logprobs, texts)
+        return protocol.chat_logprobs(out.logprobs, texts.mark)
     ids, entries = [e.token_id for e in out.logprobs], list(out.logprobs)
     if req.echo and out.prompt_logprobs is not None:
         ids = list(out.prompt_token_ids) + ids
         entries = list(out.prompt_logprobs) + entries
-    return protocol.completion_logprobs(ids, entries, texts)
+    return protocol.completion_logprobs(ids, entries, texts.mark)
 
 
 class _StreamLogprobs:
@@ -716,8 +723,8 @@ class _StreamLogprobs:
 
     def _shaped(self, ids: list[int], entries: list) -> dict[str, Any]:
         if self.req.chat:
-            return protocol.chat_logprobs(entries, self.texts)
-        shaped = protocol.completion_logprobs(ids, entries, self.texts, self.offset)
+            return protocol.chat_logprobs(entries, self.texts.mark)
+        shaped = protocol.completion_logprobs(ids, entries, self.texts.mark, self.offset)
         self.offset += sum(len(t) for t in shaped["tokens"])
         return shaped
 

@@ -63,7 +63,6 @@ UNSUPPORTED = [
     (False, "guided_choice", ["a", "b"]),
     (False, "guided_grammar", "root ::= 'a'"),
     (False, "bad_words", ["no"]),
-    (False, "return_tokens_as_token_ids", True),
     (True, "audio", {"voice": "alloy"}),
     (True, "modalities", ["text", "audio"]),
     (True, "prediction", {"type": "content", "content": "x"}),
@@ -669,6 +668,29 @@ def test_vllms_allowed_tokens_stop_strings_and_truncation_over_http(url, name, l
     r = httpx.post(url + "/v1/completions", json={"model": name, "prompt": "Hi",
                    "allowed_token_ids": [10**6]}, timeout=TIMEOUT_S)
     assert (r.status_code, r.json()["error"]["param"]) == (400, "allowed_token_ids")
+
+
+@pytest.mark.model
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(url, name, loaded, client):
+    """vLLM's `return_tokens_as_token_ids`: every token in the log-probabilities, top ones
+    included, is "token_id:N" with the very id sampled; the answer's text is unchanged."""
+    msgs = [{"role": "user", "content": "Say hi."}]
+    plain = client.chat.completions.create(model=name, messages=msgs, max_tokens=4,
+                                           temperature=0, logprobs=True, top_logprobs=2)
+    ids = client.chat.completions.create(model=name, messages=msgs, max_tokens=4,
+                                         temperature=0, logprobs=True, top_logprobs=2,
+                                         extra_body={"return_tokens_as_token_ids": True})
+    assert ids.choices[0].message.content == plain.choices[0].message.content
+    got = [int(e.token.removeprefix("token_id:")) for e in ids.choices[0].logprobs.content]
+    assert loaded.tokenizer.decode(got) == plain.choices[0].message.content
+    assert all(t.token.startswith("token_id:") for e in ids.choices[0].logprobs.content
+               for t in e.top_logprobs)
+    r = httpx.post(url + "/v1/completions", json={
+        "model": name, "prompt": "Hello", "max_tokens": 2, "logprobs": 1, "stream": True,
+        "return_tokens_as_token_ids": True}, timeout=TIMEOUT_S)
+    tokens = [t for line in r.text.split("\n\n") if line.startswith("data: {")
+              for t in (json.loads(line[6:])["choices"][0]["logprobs"] or {}).get("tokens", [])]
+    assert len(tokens) == 2 and all(t.startswith("token_id:") for t in tokens)
 
 
 @pytest.mark.model
