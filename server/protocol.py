@@ -321,7 +321,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
         if not isinstance(bias, int | float) or isinstance(bias, bool):
             raise bad_request(f"logit_bias: the bias of token {token} must be a number, got "
                               f"{shown(bias)}", "logit_bias")
-        out[token] = float(bias)
+        out[token] = _float(bias, f"logit_bias[{token}]", "logit_bias")
     return out
 
 
@@ -414,7 +414,17 @@ def _number(body: Body, name: str, default: float) -> float:
         return default
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise bad_request(f"{name} must be a number, got {shown(value)}", name)
-    return float(value)
+    return _float(value, name, name)
+
+
+def _float(value: int | float, name: str, param: str) -> float:
+    """`value` as a float; a JSON integer past a float's range (1e309 written out) is a
+    400 naming the field, not an `OverflowError`."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise bad_request(f"{name} is out of range, got an integer of {len(str(value))} "
+                          f"digits", param) from None
 
 
 def flag(body: Body, name: str, default: bool) -> bool:

@@ -207,6 +207,17 @@ def test_vllms_allowed_tokens_stop_strings_and_truncation_reach_the_request():
         assert (err.value.status, err.value.param) == (400, param)
 
 
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"top_p": 10**400}, "top_p"), ({"temperature": -(10**400)}, "temperature"),
+    ({"presence_penalty": 10**309}, "presence_penalty"),
+    ({"logit_bias": {"1": 10**400}}, "logit_bias")])
+def test_an_integer_past_a_floats_range_is_a_400_naming_the_field(extra, param):
+    with pytest.raises(APIError) as err:
+        protocol.parse_completion({"prompt": "Hi"} | extra, STUB_MODEL)
+    assert (err.value.status, err.value.param) == (400, param)
+    assert "is out of range, got an integer of" in err.value.message
+
+
 def test_body_errors_come_before_an_unknown_models_404():
     for parse, body, param in [
         (protocol.parse_chat, {"model": "gpt-x"}, "messages"),
