@@ -155,6 +155,8 @@ class SamplingParams:
     include_stop_str_in_output: vLLM's: a stop string that ends the answer stays in it.
     skip_special_tokens: vLLM's: special tokens (an end of turn) add no text; False keeps
         theirs.
+    bad_words_token_ids: vLLM's bad words, tokenized: the last token of each is barred
+        where the output so far ends with the ones before it.
     min_p: drop tokens whose probability is below min_p x the most likely token's.
     logprobs: None for none; k for the chosen token's log-probability and the top k.
     prompt_logprobs: the same for every prompt token (the first has none).
@@ -183,6 +185,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -220,6 +223,12 @@ class SamplingParams:
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in allowed)):
             raise ValueError("allowed_token_ids must be a non-empty list of token ids >= 0, "
                              f"got {allowed!r}")
+        if not isinstance(self.bad_words_token_ids, list) or any(
+                not isinstance(w, list) or not w
+                or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in w)
+                for w in self.bad_words_token_ids):
+            raise ValueError("bad_words_token_ids must be a list of non-empty lists of token "
+                             f"ids >= 0, got {self.bad_words_token_ids!r}")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -232,10 +241,11 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """logit_bias, allowed_token_ids or a penalty is set: the logits change before
-        greedy or sampling."""
+        """logit_bias, allowed_token_ids, bad words or a penalty is set: the logits change
+        before greedy or sampling."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1.0 or self.allowed_token_ids is not None)
+                    or self.repetition_penalty != 1.0 or self.allowed_token_ids is not None
+                    or self.bad_words_token_ids)
 
 
 def candidate_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -3,7 +3,7 @@
 The order is vLLM V1's sampler's::
 
     raw logits -> (logprobs, `token_logprobs`)
-               -> allowed_token_ids -> logit_bias -> penalties               `process_logits`
+               -> allowed_token_ids -> bad words -> logit_bias -> penalties  `process_logits`
                -> greedy rows: argmax
                -> sampled rows: temperature -> min_p -> top-k -> top-p      `filter_batch`
                                 -> exponential race                          `sample`
@@ -122,6 +122,7 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
     x = logits.index_select(0, index)
     sub = [params[i] for i in rows]
     x = apply_allowed(x, sub)
+    x = apply_bad_words(x, sub, [histories[i][1] for i in rows])
     x = apply_logit_bias(x, sub)
     x = apply_penalties(x, sub, [histories[i] for i in rows])
     return logits.index_copy(0, index, x)
@@ -139,6 +140,22 @@ def apply_allowed(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
         barred[r] = True
         barred[r, torch.tensor(allowed, device=logits.device)] = False
     return logits.masked_fill(barred, float("-inf"))
+
+
+def apply_bad_words(logits: torch.Tensor, params: list[SamplingParams],
+                    outputs: list[list[int]]) -> torch.Tensor:
+    """vLLM's bad words: in each row, the last token of every bad word whose tokens before
+    it end the row's output so far (a one-token word: always) to -inf."""
+    barred = [(r, word[-1]) for r, (p, out) in enumerate(zip(params, outputs, strict=True))
+              for word in p.bad_words_token_ids
+              if len(word) == 1 or (len(word) - 1 <= len(out) and out[len(out) - len(word) + 1:]
+                                    == word[:-1])]
+    if not barred:
+        return logits
+    rows, tokens = zip(*barred, strict=True)
+    dev = logits.device
+    return logits.index_put((torch.tensor(rows, device=dev), torch.tensor(tokens, device=dev)),
+                            torch.tensor(float("-inf"), dtype=logits.dtype, device=dev))
 
 
 def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

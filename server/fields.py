@@ -50,7 +50,6 @@ UNSUPPORTED: dict[str, Check] = {
     "guided_regex": (_absent, "guided decoding is not supported here"),
     "guided_choice": (_absent, "guided decoding is not supported here"),
     "guided_grammar": (_absent, "guided decoding is not supported here"),
-    "bad_words": (_absent, "bad_words is not supported here"),
     "return_token_ids": (_absent, "return_token_ids is not supported here"),
     "prompt_embeds": (_absent, "prompt_embeds is not supported here"),
     "priority": (_default(0), "requests are served first come, first served here "
@@ -119,7 +118,7 @@ SERVED = frozenset({
     "top_logprobs", "prompt_logprobs", "echo", "n", "best_of", "stream", "stream_options",
     "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
     "allowed_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens",
-    "skip_special_tokens", "return_tokens_as_token_ids",
+    "skip_special_tokens", "return_tokens_as_token_ids", "bad_words",
     # accepted, with nothing to do: who asks, tags, hints, and what is so here anyway
     "user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls",
     "request_id", "spaces_between_special_tokens", "cache_prompt",

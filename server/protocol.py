@@ -9,15 +9,15 @@ token ids, or a list of either: one request each) / `messages` (chat), `max_toke
 `min_p`, `seed`, `stop` (a string or a list), `presence_penalty`, `frequency_penalty`,
 `repetition_penalty`, `logit_bias`, `logprobs` (completions: how many top tokens; chat:
 true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16 choices
-per prompt), `stream`, `stream_options.include_usage` (and vLLM's
-`continuous_usage_stats`), and vLLM's `ignore_eos`,
-`min_tokens`, `stop_token_ids`, `allowed_token_ids`, `include_stop_str_in_output`,
-`skip_special_tokens`, `truncate_prompt_tokens`, `return_tokens_as_token_ids`,
-`chat_template_kwargs` (chat: extra variables for the model's
-chat template), `add_generation_prompt` and `continue_final_message` (chat: the
-template's switches, for an assistant's prefill). What is refused and what ignored:
-`server.fields`. A wrong type or a bad value is an `APIError` 400 whose `param` names
-the field; body errors come before an unknown model's 404, as vLLM's.
+per prompt), `stream`, `stream_options.include_usage`; and vLLM's
+`stream_options.continuous_usage_stats`, `ignore_eos`, `min_tokens`, `stop_token_ids`,
+`allowed_token_ids`, `bad_words`, `include_stop_str_in_output`, `skip_special_tokens`,
+`truncate_prompt_tokens`, `return_tokens_as_token_ids`, `chat_template_kwargs` (chat:
+extra variables for the model's chat template), `add_generation_prompt` and
+`continue_final_message` (chat: the template's switches, for an assistant's prefill).
+What is refused and what ignored: `server.fields`. A wrong type or a bad value is an
+`APIError` 400 whose `param` names the field; body errors come before an unknown model's
+404, as vLLM's.
 
 Default `max_tokens`: 16 for completions, as OpenAI's. For chat, vLLM's default is the
 rest of the context; here it is `CHAT_DEFAULT_MAX_TOKENS` (256), because a small model left
@@ -84,6 +84,7 @@ class GenerationRequest:
     ignored: tuple[str, ...] = ()  # the body's fields this server does not know
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
+    bad_words: tuple[str, ...] = ()  # vLLM's: words the answer must not contain
 
     @property
     def prompt(self) -> Prompt:
@@ -289,7 +290,8 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
                              show_prompt_logprobs=body.get("prompt_logprobs") is not None,
                              truncate_prompt_tokens=truncate,
                              return_tokens_as_token_ids=_bool(
-                                 body, "return_tokens_as_token_ids", False))
+                                 body, "return_tokens_as_token_ids", False),
+                             bad_words=tuple(_words(body.get("bad_words"))))
 
 
 def _chat_logprobs(body: Body) -> int | None:
@@ -462,6 +464,28 @@ def _stop(stop: Any) -> list[str]:
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise bad_request("stop must be a non-empty string or a list of them", "stop")
     return [check_unicode(s, "stop") for s in stop]
+
+
+def _words(words: Any) -> list[str]:
+    """vLLM's `bad_words`: a list of words (each with a character that is not a space)."""
+    if words is None:
+        return []
+    if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        raise bad_request(f"bad_words must be a list of words, got {shown(words)}",
+                          "bad_words")
+    return [check_unicode(w, "bad_words") for w in words]
+
+
+def bad_words_token_ids(words: tuple[str, ...], tokenizer: Any) -> list[list[int]]:
+    """Each bad word's tokens as vLLM bars them: the word alone and after a space (a
+    word inside a sentence is usually another token), each without special tokens."""
+    out: list[list[int]] = []
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if ids and ids not in out:
+                out.append(ids)
+    return out
 
 
 def _int_list(body: Body, name: str) -> list[int]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -345,6 +346,10 @@ class _API:
         waiting = engine.stats(steps_after=None).num_waiting
         if waiting >= self.max_waiting:
             raise busy(waiting, BUSY_RETRY_AFTER_S)
+        if req.bad_words:  # words become token ids here, where the tokenizer is
+            barred = protocol.bad_words_token_ids(req.bad_words, engine.loaded.tokenizer)
+            req = dataclasses.replace(req, params=dataclasses.replace(
+                req.params, bad_words_token_ids=barred))
         checked = []
         for i, prompt in enumerate(req.prompts):
             try:

@@ -145,6 +145,18 @@ def test_allowed_token_ids_confine_greedy_and_sampled_choices() -> None:
     assert picks == {3}
 
 
+def test_bad_words_bar_their_last_token_after_the_tokens_before_it() -> None:
+    """vLLM's bad words on an output: [2] always; [1, 3] once the output ends in 1;
+    [0, 1, 2] only after 0, 1."""
+    logits = torch.zeros(3, 4)
+    p = SamplingParams(bad_words_token_ids=[[2], [1, 3], [0, 1, 2]])
+    x = process_logits(logits, [p, p, SamplingParams()], [([], [0, 1]), ([], [3]), ([], [1])])
+    inf = float("-inf")
+    assert x.tolist() == [[0.0, 0.0, inf, inf], [0.0, 0.0, inf, 0.0], [0.0] * 4]
+    with pytest.raises(ValueError, match="bad_words_token_ids"):
+        SamplingParams(bad_words_token_ids=[[]])
+
+
 def test_logprobs_are_the_raw_log_softmax_with_top_k_and_rank() -> None:
     logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(9))
     tokens, ks = [3, 10, 0, 63, 7], [0, 1, 5, 20, 3]

@@ -62,7 +62,6 @@ UNSUPPORTED = [
     (False, "guided_regex", "a+"),
     (False, "guided_choice", ["a", "b"]),
     (False, "guided_grammar", "root ::= 'a'"),
-    (False, "bad_words", ["no"]),
     (True, "audio", {"voice": "alloy"}),
     (True, "modalities", ["text", "audio"]),
     (True, "prediction", {"type": "content", "content": "x"}),
@@ -196,7 +195,11 @@ def test_vllms_allowed_tokens_stop_strings_and_truncation_reach_the_request():
         req.truncated([1], 2)  # k = 3 past a context of 2
     assert err.value.param == "truncate_prompt_tokens" and "context length (2)" in str(
         err.value.message)
-    for extra, param in (({"allowed_token_ids": []}, "allowed_token_ids"),
+    assert protocol.parse_completion({"prompt": "Hi", "bad_words": ["Paris", " Rome"]},
+                                     STUB_MODEL).bad_words == ("Paris", " Rome")
+    for extra, param in (({"bad_words": "Paris"}, "bad_words"),
+                         ({"bad_words": ["ok", " "]}, "bad_words"),
+                         ({"allowed_token_ids": []}, "allowed_token_ids"),
                          ({"allowed_token_ids": [1, -2]}, "allowed_token_ids"),
                          ({"allowed_token_ids": "5"}, "allowed_token_ids"),
                          ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
@@ -646,7 +649,7 @@ def test_vllms_allowed_tokens_stop_strings_and_truncation_over_http(url, name, l
                                                                    client):
     """allowed_token_ids confine every token; include_stop_str_in_output keeps the stop
     string that ended the answer; truncate_prompt_tokens keeps the prompt's last k;
-    skip_special_tokens false keeps the special tokens' text."""
+    bad_words bar a word; skip_special_tokens false keeps the special tokens' text."""
     ids = loaded.encode("The capital of France is Paris. The capital of Italy is")
     allowed = loaded.encode(" yes no")
     got = client.completions.create(model=name, prompt=ids, max_tokens=5, temperature=1.0,
@@ -669,6 +672,10 @@ def test_vllms_allowed_tokens_stop_strings_and_truncation_over_http(url, name, l
     tail = client.completions.create(model=name, prompt=ids[-5:], max_tokens=4,
                                      temperature=0)
     assert short.usage.prompt_tokens == 5 and short.choices[0].text == tail.choices[0].text
+    answer = free.choices[0].text.split()[0]  # the greedy answer's first word, barred
+    barred = client.completions.create(model=name, prompt=ids, max_tokens=8, temperature=0,
+                                       extra_body={"bad_words": [answer]})
+    assert answer not in barred.choices[0].text.split() and barred.choices[0].text != text
     eos = loaded.tokenizer.eos_token_id
     ends = {"allowed_token_ids": [eos], "ignore_eos": True}  # two end-of-turn tokens
     bare = client.completions.create(model=name, prompt=ids, max_tokens=2, extra_body=ends)
