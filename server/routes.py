@@ -4,6 +4,8 @@
     GET  /v1/models/{model}     that model alone, as OpenAI's retrieve (404 for another)
     POST /v1/completions        text or token ids in; whole or streamed (SSE)
     POST /v1/chat/completions   messages in, the model's chat template applied
+    POST /v1/responses          OpenAI's Responses API: the same chat, answered as a
+                                Response (server/responses.py), whole or as its events
     POST /tokenize              text or messages -> token ids, as vLLM's server
     POST /detokenize            token ids -> text, as vLLM's server
     GET  /health                200 while the engine's loop runs, else 503 (no key needed),
@@ -69,7 +71,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.outputs import RequestHandle, RequestOutput
-from server import protocol
+from server import protocol, responses
 from server.errors import APIError, bad_request, busy, error_body
 from server.protocol import FINISH_REASONS, SSE_DONE, GenerationRequest, Reply, sse, sse_error
 from server.rate_limit import Charge, RateLimiter
@@ -113,6 +115,7 @@ def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
         Route("/v1/models/{model:path}", api.model, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
@@ -205,6 +208,7 @@ class _API:
         self.served: list[Route] = []  # the routes above, for what not_served names
         self.completions = _answers_errors(self._completions)
         self.chat_completions = _answers_errors(self._chat_completions)
+        self.responses = _answers_errors(self._responses)
         self.tokenize = _answers_errors(self._tokenize)
         self.detokenize = _answers_errors(self._detokenize)
 
@@ -247,6 +251,42 @@ class _API:
         key = self._authorize(request)
         req = protocol.parse_chat(await _json_body(request), self.model_name)
         return await self._generate(request, req, key)
+
+    async def _responses(self, request: Request) -> Response:
+        """OpenAI's Responses API over the chat underneath it (server/responses.py)."""
+        key = self._authorize(request)
+        body = await _json_body(request)
+        req = responses.parse(body, self.model_name)
+        shape = responses.Shape.new(self.model_name, body)
+        _, handles, close = await self._start(request, req, shape.id, key)
+        if req.stream:
+            return EventStream(self._response_events(handles[0], responses.Events(shape)),
+                               on_close=close)
+        await self._wait(request, handles, close)
+        out = handles[0].result()
+        if out.finish_reason not in FINISH_REASONS:
+            raise _failure(out)
+        return JSONResponse(shape.whole(out.text, out.finish_reason, _usage([out])))
+
+    async def _response_events(self, handle: RequestHandle, events: responses.Events
+                               ) -> AsyncIterator[str]:
+        """A Responses stream: opened, each new text a delta, closed with the response
+        and its usage; an engine error as an `error` event."""
+        try:
+            for event in events.opening():
+                yield event
+            async for _, text, _ in self._progress([handle]):
+                if text:
+                    yield events.delta(text)
+            out = handle.result()
+            if out.finish_reason not in FINISH_REASONS:
+                yield events.error(_failure(out))
+                return
+            for event in events.closing(out.finish_reason, _usage([out])):
+                yield event
+        except Exception:
+            log.exception("stream %s failed", events.shape.id)
+            yield events.error(APIError(500, "internal server error"))
 
     async def _tokenize(self, request: Request) -> Response:
         self._authorize(request)
@@ -292,32 +332,14 @@ class _API:
     # ---- generation ------------------------------------------------------------------
     async def _generate(self, request: Request, req: GenerationRequest,
                         key: str | None) -> Response:
-        if req.ignored:  # as vLLM's server: accepted, and said where the operator reads
-            log.warning("%s: fields ignored (unknown here): %s", request.url.path,
-                        ", ".join(req.ignored))
-        engine = await self._engine()
         reply = Reply.new(req.chat, self.model_name)
-        handles, charge = await self._submit(request, engine, req, reply.id, key)
+        engine, handles, close = await self._start(request, req, reply.id, key)
         choices = [c for h in handles for c in h.candidates]  # prompt i's n, in order
         texts = TokenText(engine.loaded.tokenizer, as_ids=req.return_tokens_as_token_ids)
-
-        def close() -> None:  # nothing when they finished; frees blocks when they had not
-            for handle in handles:
-                handle.cancel()
-            if charge is not None:
-                charge.settle(sum(_tokens_used(h) for h in handles))
-
         if req.stream:
             return EventStream(self._events(handles, choices, req, reply, texts),
                                on_close=close)
-        try:
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(_cancel_on_disconnect, request.receive, handles)
-                for handle in [*handles, *choices]:  # a request ends after its choices
-                    await self.watcher.wait_done(handle)
-                tasks.cancel_scope.cancel()
-        finally:
-            close()
+        await self._wait(request, handles, close)
         outs = [c.result() for c in choices]
         for out in outs:
             if out.finish_reason not in FINISH_REASONS:
@@ -336,6 +358,39 @@ class _API:
                     choice["prompt_logprobs"] = entries
         usage = _usage([h.result() for h in handles])
         return JSONResponse(reply.whole_of(shaped, usage, **extra))
+
+    async def _start(self, request: Request, req: GenerationRequest, request_id: str,
+                     key: str | None
+                     ) -> tuple[Engine, list[RequestHandle], Callable[[], None]]:
+        """Submit `req` (`_submit`): the engine, the requests' handles, and the close that
+        cancels whatever has not finished (freeing its blocks) and settles the key's
+        rate-limit charge with the tokens used."""
+        if req.ignored:  # as vLLM's server: accepted, and said where the operator reads
+            log.warning("%s: fields ignored (unknown here): %s", request.url.path,
+                        ", ".join(req.ignored))
+        engine = await self._engine()
+        handles, charge = await self._submit(request, engine, req, request_id, key)
+
+        def close() -> None:  # nothing when they finished; frees blocks when they had not
+            for handle in handles:
+                handle.cancel()
+            if charge is not None:
+                charge.settle(sum(_tokens_used(h) for h in handles))
+
+        return engine, handles, close
+
+    async def _wait(self, request: Request, handles: list[RequestHandle],
+                    close: Callable[[], None]) -> None:
+        """Wait for every request and its choices to end (the client going away cancels
+        them), then `close`."""
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(_cancel_on_disconnect, request.receive, handles)
+                for handle in [*handles, *(c for h in handles for c in h.candidates)]:
+                    await self.watcher.wait_done(handle)  # a request ends after its choices
+                tasks.cancel_scope.cancel()
+        finally:
+            close()
 
     async def _submit(self, request: Request, engine: Engine, req: GenerationRequest,
                       request_id: str, key: str | None
