@@ -132,10 +132,13 @@ def check_vocab(params: SamplingParams, vocab_size: int) -> None:
         if token >= vocab_size:
             raise ValueError(f"logit_bias: token id {token} is out of range "
                              f"(vocabulary of {vocab_size})")
-    for token in params.allowed_token_ids or ():
-        if token >= vocab_size:
-            raise ValueError(f"allowed_token_ids: token id {token} is out of range "
-                             f"(vocabulary of {vocab_size})")
+    for name, tokens in (("allowed_token_ids", params.allowed_token_ids or ()),
+                         ("bad_words_token_ids", [t for w in params.bad_words_token_ids
+                                                  for t in w])):
+        for token in tokens:
+            if token >= vocab_size:
+                raise ValueError(f"{name}: token id {token} is out of range "
+                                 f"(vocabulary of {vocab_size})")
 
 
 @dataclass

@@ -252,3 +252,5 @@ def test_logit_bias_ids_are_checked_against_the_vocabulary() -> None:
     check_vocab(SamplingParams(allowed_token_ids=[0, 49151]), 49152)
     with pytest.raises(ValueError, match=r"^allowed_token_ids: token id 49152 is out of range"):
         check_vocab(SamplingParams(allowed_token_ids=[5, 49152]), 49152)
+    with pytest.raises(ValueError, match=r"^bad_words_token_ids: token id 60000 is out of"):
+        check_vocab(SamplingParams(bad_words_token_ids=[[1], [2, 60000]]), 49152)
