@@ -286,7 +286,8 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         raise bad_request(f"truncate_prompt_tokens must be >= 1, or -1 for the context "
                           f"length, got {truncate}", "truncate_prompt_tokens")
     return GenerationRequest(prompts, params, stream=stream, include_usage=include_usage,
-                             continuous_usage=continuous, n=n, chat=chat, max_tokens_param=max_tokens_param, echo=echo,
+                             continuous_usage=continuous, n=n, chat=chat,
+                             max_tokens_param=max_tokens_param, echo=echo,
                              show_prompt_logprobs=body.get("prompt_logprobs") is not None,
                              truncate_prompt_tokens=truncate,
                              return_tokens_as_token_ids=_bool(
