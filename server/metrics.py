@@ -47,7 +47,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -145,7 +145,6 @@ class _Series:
         self.success = {label: m.request_success.labels(name, label)
                         for label in dict.fromkeys(FINISHED_REASONS.values())}
         self.ttft, self.itl, self.tpot = child(m.ttft), child(m.itl), child(m.tpot)
-        self.itl_before = child(m.itl_before)
         self.e2e, self.queue_time = child(m.e2e), child(m.queue_time)
         self.prefill_time, self.decode_time = child(m.prefill_time), child(m.decode_time)
         self.inference_time = child(m.inference_time)
@@ -212,7 +211,6 @@ class _Series:
         self.decode_time.observe(last - first)
         for gap in m.itls:
             self.itl.observe(gap)
-            self.itl_before.observe(gap)
         if m.tpot is not None:  # two tokens or more
             self.tpot.observe(m.tpot)
         if m.first_scheduled_time is not None:
@@ -319,6 +317,23 @@ class _EngineGauges(Collector):
             return None
 
 
+class _Renamed(Collector):
+    """A metric's samples again under another name, copied at scrape time (the engine
+    thread observes each value once)."""
+
+    def __init__(self, source: Collector, name: str, doc: str) -> None:
+        self._source, self._name, self._doc = source, name, doc
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            renamed = Metric(self._name, self._doc, family.type)
+            for sample in family.samples:
+                renamed.add_sample(self._name + sample.name[len(family.name):],
+                                   sample.labels, sample.value, sample.timestamp,
+                                   sample.exemplar)
+            yield renamed
+
+
 class ServerMetrics:
     """The /metrics exporter: `watch` every engine built, `render` on each scrape.
 
@@ -371,11 +386,6 @@ class ServerMetrics:
                               "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds",
                              "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
-        self.itl_before = histogram(
-            "time_per_output_token_seconds",
-            "Histogram of inter-token latency in seconds, under its name before "
-            "inter_token_latency_seconds (vLLM's example Grafana dashboard reads it).",
-            ITL_BUCKETS)
         self.tpot = histogram("request_time_per_output_token_seconds",
                               "Histogram of time_per_output_token_seconds per request.",
                               TPOT_BUCKETS)
@@ -398,6 +408,10 @@ class ServerMetrics:
                                   PARAMS_N_BUCKETS)
         self.sized: _SizedHistograms | None = None  # sized by the first engine watched
         reg.register(_EngineGauges(self))
+        reg.register(_Renamed(
+            self.itl, self.prefix + "time_per_output_token_seconds",
+            "Histogram of inter-token latency in seconds, under its name before "
+            "inter_token_latency_seconds (vLLM's example Grafana dashboard reads it)."))
         self._series: dict[str, _Series] = {}
         self._lock = threading.Lock()
         self._watched: weakref.WeakSet = weakref.WeakSet()
