@@ -257,9 +257,15 @@ def test_api_clients_show_on_the_status_strip(server, browser):
 
 
 def answers(page) -> list[str]:
-    """Your answer as shown on each side (plain text blocks)."""
-    return [page.locator(f".st-key-side-{side} [data-testid='stCode']").inner_text()
-            for side in ("local", "datacenter")]
+    """Your answer as shown on each side (plain text blocks), once each side shows one:
+    while a rerun replaces a panel, its old block can stand beside the new one."""
+    shown = []
+    for side in ("local", "datacenter"):
+        block = page.locator(f".st-key-side-{side} [data-testid='stCode']")
+        wait_for(lambda block=block: block.count() == 1, 30,
+                 f"the {side} side never settled on one answer block", interval=0.1)
+        shown.append(block.inner_text())
+    return shown
 
 
 def screenshot(page, folder: Path, name: str) -> None:
