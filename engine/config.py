@@ -30,6 +30,7 @@ MAX_SPECULATIVE_TOKENS = 16
 MAX_PROMPT_LOOKUP = 16
 MAX_N = 16  # parallel sampling: candidates per request
 MAX_SEED = 2**63 - 1
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 def check_speculative(method: str | None, num_speculative_tokens: int,
@@ -42,6 +43,36 @@ def check_speculative(method: str | None, num_speculative_tokens: int,
     _check_int("num_speculative_tokens", num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
     _check_int("prompt_lookup_min", prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
     _check_int("prompt_lookup_max", prompt_lookup_max, prompt_lookup_min, MAX_PROMPT_LOOKUP)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """vLLM's structured outputs: what the answer's text must follow. `kind` is one of
+    `STRUCTURED_KINDS`: "json" (`spec`: a JSON schema, as JSON text), "json_object" (any
+    JSON object; no spec), "regex" (`spec`: a regular expression), "choice" (`spec`: the
+    tuple of strings the answer is one of) or "grammar" (`spec`: an EBNF grammar whose
+    start rule is `root`). Whether a spec compiles is known only where the tokenizer is
+    (`engine.grammar`)."""
+
+    kind: str
+    spec: str | tuple[str, ...] = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured: kind must be one of {STRUCTURED_KINDS}, "
+                             f"got {self.kind!r}")
+        spec = self.spec
+        if self.kind == "json_object":
+            if spec:
+                raise ValueError("structured: json_object takes no spec")
+        elif self.kind == "choice":
+            if (not isinstance(spec, tuple) or not spec
+                    or any(not isinstance(c, str) or not c for c in spec)):
+                raise ValueError("structured: choice must be a non-empty list of non-empty "
+                                 f"strings, got {spec!r}")
+        elif not isinstance(spec, str) or not spec.strip():
+            raise ValueError(f"structured: {self.kind} must be a non-empty string, "
+                             f"got {spec!r}")
 
 
 @dataclass
@@ -160,6 +191,8 @@ class SamplingParams:
         theirs.
     bad_words_token_ids: vLLM's bad words, tokenized: the last token of each is barred
         where the output so far ends with the ones before it.
+    structured: vLLM's structured outputs (`StructuredOutput`): each step bars every token
+        that would take the answer off its schema, regex, choices or grammar.
     min_p: drop tokens whose probability is below min_p x the most likely token's.
     logprobs: None for none; k for the chosen token's log-probability and the top k.
     prompt_logprobs: the same for every prompt token (the first has none).
@@ -189,6 +222,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -232,6 +266,9 @@ class SamplingParams:
                 for w in self.bad_words_token_ids):
             raise ValueError("bad_words_token_ids must be a list of non-empty lists of token "
                              f"ids >= 0, got {self.bad_words_token_ids!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError("structured must be a StructuredOutput or None, "
+                             f"got {self.structured!r}")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -244,11 +281,11 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """logit_bias, allowed_token_ids, bad words or a penalty is set: the logits change
-        before greedy or sampling."""
+        """logit_bias, allowed_token_ids, bad words, a structured output or a penalty is
+        set: the logits change before greedy or sampling."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0 or self.allowed_token_ids is not None
-                    or self.bad_words_token_ids)
+                    or self.bad_words_token_ids or self.structured is not None)
 
 
 def candidate_params(params: SamplingParams, index: int) -> SamplingParams:

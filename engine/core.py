@@ -38,6 +38,7 @@ import torch
 from engine import compute
 from engine.config import SamplingParams, candidate_params
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar import Matcher
 from engine.kv_cache import KVCacheManager
 from engine.metrics import RequestMetrics
 from engine.outputs import RequestHandle, RequestOutput, append_token, make_output
@@ -127,14 +128,16 @@ def candidate_id(request_id: str, index: int, n: int) -> str:
 
 def make_request(
     request_id: str, token_ids: list[int], params: SamplingParams, arrival_time: float,
-    tokenizer: Any,
+    tokenizer: Any, grammar: Any = None,
 ) -> Request:
-    """A request of `params.n` candidates, each seeded as `candidate_params` says."""
+    """A request of `params.n` candidates, each seeded as `candidate_params` says; with a
+    compiled `grammar` (its structured output's), each follows it with a matcher of its own."""
     cands = []
     for i in range(params.n):
         p = candidate_params(params, i)
         seq = Sequence(candidate_id(request_id, i, params.n), token_ids, p,
-                       RequestMetrics(arrival_time=arrival_time))
+                       RequestMetrics(arrival_time=arrival_time),
+                       matcher=Matcher(grammar) if grammar is not None else None)
         detok = IncrementalDetokenizer(tokenizer, p.stop, p.include_stop_str_in_output,
                                        p.skip_special_tokens)
         cands.append(Candidate(seq, detok, make_generator(p), index=i))

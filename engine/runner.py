@@ -224,7 +224,8 @@ class ModelRunner:
         raw = logits
         extra = any(p.logprobs is not None or p.processes_logits for p in params)
         if extra and any(p.processes_logits for p in params):
-            logits = process_logits(logits.float(), params, token_histories(seqs))
+            logits = process_logits(logits.float(), params, token_histories(seqs),
+                                    [s.matcher for s in seqs])
         if self.speculative and any(s.spec_token_ids for s in seqs):
             out = speculative.verify_batch(logits.float(), entries, sampled, generators)
         else:

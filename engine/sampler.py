@@ -3,7 +3,8 @@
 The order is vLLM V1's sampler's::
 
     raw logits -> (logprobs, `token_logprobs`)
-               -> allowed_token_ids -> bad words -> logit_bias -> penalties  `process_logits`
+               -> structured output's mask (engine/grammar) -> allowed_token_ids
+               -> bad words -> logit_bias -> penalties                        `process_logits`
                -> greedy rows: argmax
                -> sampled rows: temperature -> min_p -> top-k -> top-p      `filter_batch`
                                 -> exponential race                          `sample`
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.config import SamplingParams
+from engine.grammar import Matcher, mask_rows
 from engine.models import native
 from engine.sequence import TokenLogprob
 
@@ -111,16 +113,21 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 # ---- logit_bias and penalties (they change greedy choices too) -----------------------------
 def process_logits(logits: torch.Tensor, params: list[SamplingParams],
-                   histories: list[tuple[list[int], list[int]]]) -> torch.Tensor:
-    """logit_bias, then the repetition, frequency and presence penalties, on [R, vocab]
-    float32 logits; `histories[r]` is row r's (prompt ids, output ids so far). Only the
-    rows that set one of them are computed; the others come back as they are."""
+                   histories: list[tuple[list[int], list[int]]],
+                   matchers: list[Matcher | None] | None = None) -> torch.Tensor:
+    """The structured output's mask, allowed_token_ids, bad words, logit_bias, then the
+    repetition, frequency and presence penalties, on [R, vocab] float32 logits;
+    `histories[r]` is row r's (prompt ids, output ids so far), `matchers[r]` its
+    sequence's grammar matcher (None: no structured output). Only the rows that set one of
+    them are computed; the others come back as they are."""
     rows = [i for i, p in enumerate(params) if p.processes_logits]
     if not rows:
         return logits
     index = torch.tensor(rows, device=logits.device)
     x = logits.index_select(0, index)
     sub = [params[i] for i in rows]
+    if matchers is not None:
+        x = mask_rows(x, [matchers[i] for i in rows], [histories[i][1] for i in rows])
     x = apply_allowed(x, sub)
     x = apply_bad_words(x, sub, [histories[i][1] for i in rows])
     x = apply_logit_bias(x, sub)

@@ -15,6 +15,9 @@ computes them: `logprobs` one per output token, `prompt_logprobs` one per prompt
 (the first None, set at creation; the list's length says which prompt tokens are done,
 so a recompute after preemption records none twice).
 
+A structured output (`SamplingParams.structured`) gives each sequence its own `matcher`,
+which the sampler moves along the output to mask each step's logits (engine/grammar).
+
 Parallel sampling (`SamplingParams.n` > 1) gives a request n sequences, its candidates.
 Only the first is scheduled at first; the others wait in its `siblings` until it has
 computed all of the prompt but the last token, then fork from it (engine/scheduler.py).
@@ -26,6 +29,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.config import SamplingParams
+from engine.grammar import Matcher
 from engine.metrics import RequestMetrics
 
 
@@ -66,6 +70,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     siblings: list[Sequence] = field(default_factory=list)  # candidates not forked yet
+    matcher: Matcher | None = None  # where its structured output is (`params.structured`)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:

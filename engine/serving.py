@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.config import SamplingParams, check_vocab
 from engine.core import Request, StepStats, make_request
+from engine.grammar import Grammars
 from engine.kv_cache import KVCacheStats
 from engine.models.loaded import LoadedModel, Prompt
 from engine.outputs import RequestHandle, RequestOutput
@@ -35,6 +36,7 @@ GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005")
 
 
 ALL_STEPS = float("-inf")
+_GRAMMARS_LOCK = threading.Lock()  # each side makes its grammar compiler once
 
 
 def busy_message(num_waiting: int) -> str:
@@ -159,11 +161,24 @@ class ServingBase:
 
     def check(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """The prompt's token ids, if this side can serve it with `params`; else
-        `ValueError` naming the limit."""
+        `ValueError` naming the limit (or what in its structured output does not compile)."""
         token_ids = self.loaded.encode(prompt)
         check_vocab(params, self.loaded.model.arch.vocab_size)
         self._check_fits(token_ids, params)
+        self._grammar(params)
         return token_ids
+
+    def _grammar(self, params: SamplingParams) -> Any:
+        """The compiled grammar of `params.structured` (None without one)."""
+        if params.structured is None:
+            return None
+        with _GRAMMARS_LOCK:
+            grammars = self.__dict__.get("_grammars")
+            if grammars is None:
+                grammars = self._grammars = Grammars(
+                    self.loaded.tokenizer, self.loaded.model.arch.vocab_size,
+                    self.loaded.eos_token_ids)
+        return grammars.compile(params.structured)
 
     def _submit_many(
         self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
@@ -173,7 +188,8 @@ class ServingBase:
         for prompt, p, rid in zip(prompts, params, ids, strict=True):
             token_ids = self.check(prompt, p)
             rid = rid or f"{self._id_prefix}-{next(self._ids)}"
-            requests.append(make_request(rid, token_ids, p, 0.0, self.loaded.tokenizer))
+            requests.append(make_request(rid, token_ids, p, 0.0, self.loaded.tokenizer,
+                                         self._grammar(p)))
         handles = []
         with self._cond:
             if self._stopped:
