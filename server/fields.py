@@ -1,8 +1,7 @@
 """Which request fields this server serves, which it refuses, and which it ignores.
 
 A field OpenAI or vLLM defines that this server does not implement (`UNSUPPORTED`: tools,
-a `response_format` other than text, `suffix`, beam search, guided decoding, priorities,
-`cache_salt`...) is a 400 naming it when it asks for anything but the default, and so is a
+`suffix`, beam search, structural tags, priorities, `cache_salt`...) is a 400 naming it when it asks for anything but the default, and so is a
 sampler another server offers under its own name (`OTHER_SERVERS`: llama.cpp's
 `n_predict`, `repeat_penalty`, `typical_p`, `mirostat`..., TGI's `do_sample`), with the
 field to use here where there is one: a client written for llama.cpp's server learns that
@@ -26,10 +25,6 @@ def _absent(value: Any) -> bool:
     return value is None or value is False or value == [] or value == {} or value == ""
 
 
-def _text_format(value: Any) -> bool:
-    return _absent(value) or (isinstance(value, dict) and value.get("type") == "text")
-
-
 def _default(*values: Any) -> Callable[[Any], bool]:
     """A check that passes None and the given defaults (1 and 1.0 alike)."""
     return lambda v: v is None or (not isinstance(v, bool) and v in values)
@@ -41,15 +36,14 @@ UNSUPPORTED: dict[str, Check] = {
     "tool_choice": (lambda v: _absent(v) or v == "none", "tool calling is not supported here"),
     "functions": (_absent, "function calling is not supported here"),
     "function_call": (lambda v: _absent(v) or v == "none", "function calling is not supported here"),
-    "response_format": (_text_format, "only the text response format is supported here"),
     "use_beam_search": (_absent, "beam search is not supported here"),
     "length_penalty": (lambda v: v is None or v == 1, "length_penalty needs beam search, "
                        "which is not supported here"),
-    "structured_outputs": (_absent, "structured outputs are not supported here"),
-    "guided_json": (_absent, "guided decoding is not supported here"),
-    "guided_regex": (_absent, "guided decoding is not supported here"),
-    "guided_choice": (_absent, "guided decoding is not supported here"),
-    "guided_grammar": (_absent, "guided decoding is not supported here"),
+    "guided_whitespace_pattern": (_absent, "a whitespace pattern for JSON is not supported "
+                                  "here"),
+    "guided_decoding_backend": (lambda v: v in (None, "", "auto", "xgrammar"),
+                                "the structured-output backend here is xgrammar"),
+    "structural_tag": (_absent, "structural tags are not supported here"),
     "return_token_ids": (_absent, "return_token_ids is not supported here"),
     "prompt_embeds": (_absent, "prompt_embeds is not supported here"),
     "priority": (_default(0), "requests are served first come, first served here "
@@ -102,8 +96,6 @@ OTHER_SERVERS: dict[str, Check] = {
     "dry_multiplier": (_default(0), "DRY sampling is not implemented here"),
     "dynatemp_range": (_default(0), "dynamic temperature is not implemented here"),
     "samplers": (_absent, "the samplers' order is fixed here"),
-    "grammar": (_absent, "grammars are not supported here"),
-    "json_schema": (_absent, "JSON schemas are not supported here"),
     "do_sample": (lambda v: v is None or v is True, "do_sample is TGI's name: send "
                   "temperature 0 for greedy decoding"),
     "top_n_tokens": (_default(0), "top_n_tokens is TGI's name: send logprobs"),
@@ -119,6 +111,9 @@ SERVED = frozenset({
     "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
     "allowed_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens",
     "skip_special_tokens", "return_tokens_as_token_ids", "bad_words",
+    # structured outputs, under each name a client may use (server.structured)
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "json_schema", "grammar",
     # accepted, with nothing to do: who asks, tags, hints, and what is so here anyway
     "user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls",
     "request_id", "spaces_between_special_tokens", "cache_prompt",

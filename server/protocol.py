@@ -14,7 +14,9 @@ per prompt), `stream`, `stream_options.include_usage`; and vLLM's
 `allowed_token_ids`, `bad_words`, `include_stop_str_in_output`, `skip_special_tokens`,
 `truncate_prompt_tokens`, `return_tokens_as_token_ids`, `chat_template_kwargs` (chat:
 extra variables for the model's chat template), `add_generation_prompt` and
-`continue_final_message` (chat: the template's switches, for an assistant's prefill).
+`continue_final_message` (chat: the template's switches, for an assistant's prefill);
+structured outputs under each name a client may use (`response_format`, vLLM's
+`structured_outputs`: `server.structured`).
 What is refused and what ignored: `server.fields`. A wrong type or a bad value is an
 `APIError` 400 whose `param` names the field; body errors come before an unknown model's
 404, as vLLM's.
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import GREEDY_EPS, SamplingParams
 from engine.models.loaded import Prompt
+from server import structured
 from server.errors import APIError, bad_request, error_body, shown
 from server.fields import check_supported, ignored_fields
 
@@ -85,6 +88,7 @@ class GenerationRequest:
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
     bad_words: tuple[str, ...] = ()  # vLLM's: words the answer must not contain
+    structured_param: str | None = None  # the field its structured output came from
 
     @property
     def prompt(self) -> Prompt:
@@ -107,7 +111,8 @@ class GenerationRequest:
         "max_tokens must ..."), naming the field as the client named it: `messages` for a
         chat's prompt, `max_completion_tokens` when max_tokens came from that field;
         `index`: which prompt of a list it is about."""
-        err = engine_error(message, chat=self.chat, max_tokens_param=self.max_tokens_param)
+        err = engine_error(message, chat=self.chat, max_tokens_param=self.max_tokens_param,
+                           structured_param=self.structured_param)
         if index is not None and len(self.prompts) > 1 and err.param == "prompt":
             return bad_request(f"prompt[{index}]" + err.message[len("prompt"):], "prompt")
         return err
@@ -118,13 +123,17 @@ TEMPLATE_FIELDS = frozenset({"chat_template_kwargs", "add_generation_prompt",
                              "continue_final_message"})
 
 
-def engine_error(message: str, *, chat: bool, max_tokens_param: str | None) -> APIError:
+def engine_error(message: str, *, chat: bool, max_tokens_param: str | None,
+                 structured_param: str | None = None) -> APIError:
     """A 400 from the engine's or `SamplingParams`' `ValueError` message, which begins
-    with the field's name; `param` (and the message's first word) as the client knows it."""
+    with the field's name; `param` (and the message's first word) as the client knows it
+    (`structured_param`: the field a structured output came from)."""
     m = re.match(r"\w+", message)
     word = m.group(0) if m else ""
-    if word == "prompt":
-        param: str | None = "messages" if chat else "prompt"
+    if word == "structured" and structured_param:
+        param: str | None = structured_param
+    elif word == "prompt":
+        param = "messages" if chat else "prompt"
     elif word == "max_tokens":
         param = max_tokens_param or "max_tokens"
     elif word == "logprobs" and chat:
@@ -277,6 +286,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         "include_stop_str_in_output": _bool(body, "include_stop_str_in_output", False),
         "skip_special_tokens": _bool(body, "skip_special_tokens", True),
     }
+    fields["structured"], structured_param = structured.parse(body)
     try:
         params = SamplingParams(**fields)
     except ValueError as exc:
@@ -292,7 +302,8 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
                              truncate_prompt_tokens=truncate,
                              return_tokens_as_token_ids=_bool(
                                  body, "return_tokens_as_token_ids", False),
-                             bad_words=tuple(_words(body.get("bad_words"))))
+                             bad_words=tuple(_words(body.get("bad_words"))),
+                             structured_param=structured_param)
 
 
 def _chat_logprobs(body: Body) -> int | None:

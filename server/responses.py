@@ -6,13 +6,15 @@ is one output message of output text, whole or streamed as the Responses events
 
 Accepted: `model`, `input` (a string, or message items whose content is a string or
 `input_text` / `output_text` parts), `instructions` (a string), `max_output_tokens`,
-`temperature`, `top_p`, `stream`, what changes nothing here (`store: false`, `metadata`,
+`temperature`, `top_p`, `stream`, `text.format` (text, `json_object`, or
+`json_schema` with its `schema`: a structured output, `server.structured`), what changes
+nothing here (`store: false`, `metadata`,
 `user`, `safety_identifier`, `prompt_cache_key`, `parallel_tool_calls`, `service_tier`
 "auto" or "default", `tool_choice` "auto" or "none" without tools, `truncation`
 "disabled"), and the chat's sampling fields as vLLM's server takes them (`seed`, `stop`,
 `ignore_eos`, `top_k`, ...: `server.protocol`). Everything else a Responses request can
 ask for (tools, stored responses, `previous_response_id` and conversations, reasoning,
-structured text formats, images, background runs, log-probabilities) is a 400 naming the
+images, background runs, log-probabilities) is a 400 naming the
 field; a field unknown here is accepted and named in the server's log, as on the other
 routes.
 """
@@ -26,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from server import protocol
+from server import protocol, structured
 from server.errors import APIError, bad_request, shown
 
 Body = dict[str, Any]
@@ -50,8 +52,8 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "max_tool_calls": (lambda v: v is None, "tools are not supported here"),
     "service_tier": (lambda v: v in (None, "auto", "default"),
                      "service tiers are not offered here"),
-    "text": (lambda v: v is None or (isinstance(v, dict) and v.get("format") in (
-        None, {"type": "text"})), "only the text format is offered here"),
+    "text": (lambda v: v is None or (isinstance(v, dict) and set(v) <= {"format"}),
+             "only text.format is offered here"),
 }
 # the Responses request's own fields: the rest of a body goes to the chat underneath it
 OWN = frozenset({"input", "instructions", "max_output_tokens", *UNSUPPORTED})
@@ -61,7 +63,8 @@ CHAT_ONLY = frozenset({"messages", "max_tokens", "max_completion_tokens", "n", "
                        "logprobs", "echo", "stream_options", "response_format", "tools",
                        "functions", "function_call"})
 # the chat request's fields as the Responses request names them
-RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens"}
+RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens",
+           "response_format": "text.format"}
 TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = ("user", "assistant", "system", "developer")
 
@@ -73,13 +76,29 @@ def parse(body: Body, model_name: str) -> protocol.GenerationRequest:
         if name in body and not fine(body[name]):
             raise bad_request(f"{name}: {why} (got {shown(body[name])})", name)
     chat = {k: v for k, v in body.items() if k not in OWN | CHAT_ONLY} | {
-        "messages": _messages(body), "max_completion_tokens": body.get("max_output_tokens")}
+        "messages": _messages(body), "max_completion_tokens": body.get("max_output_tokens"),
+        "response_format": _response_format(body)}
     try:
         req = protocol.parse_chat(chat, model_name)
     except APIError as err:
         raise _renamed(err) from None
     unknown = {*req.ignored, *(k for k in body if k in CHAT_ONLY - OWN)}
-    return dataclasses.replace(req, ignored=tuple(sorted(unknown)))
+    return dataclasses.replace(req, ignored=tuple(sorted(unknown)),
+                               structured_param=req.structured_param and "text.format")
+
+
+def _response_format(body: Body) -> dict[str, Any] | None:
+    """`text.format` (flat: `name` and `schema` beside `type`) as the chat's
+    response_format; None for text."""
+    fmt = (body.get("text") or {}).get("format")
+    if fmt is None:
+        return None
+    so = structured.from_response_format(fmt, "text.format")
+    if so is None:
+        return None
+    if so.kind == "json_object":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"schema": json.loads(str(so.spec))}}
 
 
 def _renamed(err: APIError) -> APIError:
@@ -156,7 +175,9 @@ class Shape:
                     "max_output_tokens": body.get("max_output_tokens"),
                     "temperature": body.get("temperature", 1.0),
                     "top_p": body.get("top_p", 1.0), "metadata": body.get("metadata") or {},
-                    "store": False}
+                    "store": False,
+                    "text": {"format": (body.get("text") or {}).get("format")
+                             or {"type": "text"}}}
         return cls(f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}", int(time.time()),
                    model, settings)
 
@@ -173,7 +194,7 @@ class Shape:
             if ended else [],
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "error": None, "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
-            "text": {"format": {"type": "text"}}, "usage": _usage(usage) if usage else None,
+            "usage": _usage(usage) if usage else None,
             **self.settings}
 
     def message(self, text: str | None, status: str) -> dict[str, Any]:
