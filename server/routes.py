@@ -413,7 +413,9 @@ class _API:
                                                    req.template_kwargs), engine.max_model_len)
                 one = protocol.fit_default_max_tokens(
                     req, len(token_ids), min(engine.max_model_len, engine.pool_tokens))
-                engine.check(token_ids, one.params)  # a request that cannot run is not charged
+                # a request that cannot run is not charged; in a worker thread, as a
+                # structured output's grammar compiles here (xgrammar loads on the first)
+                await anyio.to_thread.run_sync(engine.check, token_ids, one.params)
             except ValueError as exc:
                 raise req.error(str(exc), i) from None
             checked.append((token_ids, one.params))
