@@ -73,16 +73,20 @@ class RequestHandle:
     when not asked): each token's entry is appended before its text and count are pushed,
     so `token_logprobs[sent:num_tokens]` after a poll is complete. `prompt_logprobs` is the
     sequence's list for the prompt's tokens (None when not asked), complete by the time
-    the first token is pushed.
+    the first token is pushed. `token_ids` is the sequence's own list of output token ids,
+    appended to before a token's text and count are pushed (`token_ids[sent:num_tokens]`
+    likewise).
     """
 
     def __init__(
         self, request_id: str, prompt_token_ids: list[int], cancel: Callable[[str], None],
         token_logprobs: list[TokenLogprob] | None = None,
         prompt_logprobs: list[TokenLogprob | None] | None = None,
+        token_ids: list[int] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
+        self.token_ids: list[int] = token_ids if token_ids is not None else []
         self.token_logprobs: list[TokenLogprob] = (
             token_logprobs if token_logprobs is not None else [])
         self.prompt_logprobs = prompt_logprobs

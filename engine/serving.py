@@ -209,7 +209,7 @@ class ServingBase:
         rid = request.request_id
         hs = [RequestHandle(c.seq.request_id if len(request.candidates) > 1 else rid,
                             c.seq.prompt_token_ids, lambda _id: self.cancel(rid),
-                            token_logprobs=c.seq.logprobs,
+                            token_logprobs=c.seq.logprobs, token_ids=c.seq.output_token_ids,
                             prompt_logprobs=(c.seq.prompt_logprobs
                                              if c.seq.params.prompt_logprobs is not None
                                              else None))

@@ -44,7 +44,6 @@ UNSUPPORTED: dict[str, Check] = {
     "guided_decoding_backend": (lambda v: v in (None, "", "auto", "xgrammar"),
                                 "the structured-output backend here is xgrammar"),
     "structural_tag": (_absent, "structural tags are not supported here"),
-    "return_token_ids": (_absent, "return_token_ids is not supported here"),
     "prompt_embeds": (_absent, "prompt_embeds is not supported here"),
     "priority": (_default(0), "requests are served first come, first served here "
                  "(no priority scheduling)"),
@@ -110,7 +109,7 @@ SERVED = frozenset({
     "top_logprobs", "prompt_logprobs", "echo", "n", "best_of", "stream", "stream_options",
     "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
     "allowed_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens",
-    "skip_special_tokens", "return_tokens_as_token_ids", "bad_words",
+    "skip_special_tokens", "return_tokens_as_token_ids", "return_token_ids", "bad_words",
     # structured outputs, under each name a client may use (server.structured)
     "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
     "guided_grammar", "json_schema", "grammar",

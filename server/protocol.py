@@ -12,9 +12,10 @@ true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16
 per prompt), `stream`, `stream_options.include_usage`; and vLLM's
 `stream_options.continuous_usage_stats`, `ignore_eos`, `min_tokens`, `stop_token_ids`,
 `allowed_token_ids`, `bad_words`, `include_stop_str_in_output`, `skip_special_tokens`,
-`truncate_prompt_tokens`, `return_tokens_as_token_ids`, `chat_template_kwargs` (chat:
-extra variables for the model's chat template), `add_generation_prompt` and
-`continue_final_message` (chat: the template's switches, for an assistant's prefill);
+`truncate_prompt_tokens`, `return_tokens_as_token_ids`, `return_token_ids`,
+`chat_template_kwargs` (chat: extra variables for the model's chat template),
+`add_generation_prompt` and `continue_final_message` (chat: the template's switches, for
+an assistant's prefill);
 structured outputs under each name a client may use (`response_format`, vLLM's
 `structured_outputs`: `server.structured`).
 What is refused and what ignored: `server.fields`. A wrong type or a bad value is an
@@ -87,6 +88,7 @@ class GenerationRequest:
     ignored: tuple[str, ...] = ()  # the body's fields this server does not know
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
+    return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids too
     bad_words: tuple[str, ...] = ()  # vLLM's: words the answer must not contain
     structured_param: str | None = None  # the field its structured output came from
 
@@ -302,6 +304,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
                              truncate_prompt_tokens=truncate,
                              return_tokens_as_token_ids=_bool(
                                  body, "return_tokens_as_token_ids", False),
+                             return_token_ids=_bool(body, "return_token_ids", False),
                              bad_words=tuple(_words(body.get("bad_words"))),
                              structured_param=structured_param)
 
@@ -541,14 +544,18 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def choice(self, text: str, finish_reason: str, *, index: int = 0,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One choice of a whole response."""
+               logprobs: dict[str, Any] | None = None,
+               token_ids: Sequence[int] | None = None,
+               prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+        """One choice of a whole response; vLLM's `return_token_ids` adds its `token_ids`
+        and, on completions, its prompt's (a chat's are at the top level: `whole_of`)."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return choice | {"logprobs": logprobs, "finish_reason": finish_reason}
+        return choice | {"logprobs": logprobs, "finish_reason": finish_reason} | _ids(
+            token_ids, None if self.chat else prompt_token_ids)
 
     def whole(self, text: str, finish_reason: str, usage: dict[str, Any], *,
               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -564,11 +571,14 @@ class Reply:
     def chunk(self, text: str | None, finish_reason: str | None = None,
               role: bool = False, *, index: int = 0,
               logprobs: dict[str, Any] | None = None,
-              usage: dict[str, Any] | None = None) -> dict[str, Any]:
+              usage: dict[str, Any] | None = None,
+              token_ids: Sequence[int] | None = None,
+              prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
         """One stream chunk of choice `index`: new text (None: none, e.g. the closing
         chunk), the finish reason on the last one, the assistant role on a chat's first
-        one, the log-probabilities of the tokens it carries, and (vLLM's continuous usage
-        stats) the usage so far."""
+        one, the log-probabilities of the tokens it carries, (vLLM's continuous usage
+        stats) the usage so far, and (vLLM's `return_token_ids`) the ids of the tokens it
+        carries and, on the first, the prompt's: a chat's at the top level, as vLLM's."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
             delta = {"role": "assistant"} if role else {}
@@ -578,12 +588,25 @@ class Reply:
         else:
             choice["text"] = text or ""
         choice |= {"logprobs": logprobs, "finish_reason": finish_reason}
+        choice |= _ids(token_ids, None if self.chat else prompt_token_ids)
+        top = _ids(None, prompt_token_ids) if self.chat else {}
         return self._head(True) | {"choices": [choice]} | (
-            {"usage": usage} if usage is not None else {})
+            {"usage": usage} if usage is not None else {}) | top
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The closing chunk `stream_options.include_usage` asks for: usage, no choices."""
         return self._head(True) | {"choices": [], "usage": usage}
+
+
+def _ids(token_ids: Sequence[int] | None,
+         prompt_token_ids: Sequence[int] | None) -> dict[str, list[int]]:
+    """vLLM's `token_ids` and `prompt_token_ids` fields, those given."""
+    out = {}
+    if prompt_token_ids is not None:
+        out["prompt_token_ids"] = list(prompt_token_ids)
+    if token_ids is not None:
+        out["token_ids"] = list(token_ids)
+    return out
 
 
 # ---- log-probabilities ------------------------------------------------------------------

@@ -344,10 +344,15 @@ class _API:
         for out in outs:
             if out.finish_reason not in FINISH_REASONS:
                 raise _failure(out)
+        ids = req.return_token_ids
         shaped = [reply.choice(_echo(req, i, texts) + out.text, out.finish_reason, index=i,
-                               logprobs=_whole_logprobs(req, out, texts))
+                               logprobs=_whole_logprobs(req, out, texts),
+                               token_ids=out.token_ids if ids else None,
+                               prompt_token_ids=out.prompt_token_ids if ids else None)
                   for i, out in enumerate(outs)]
-        extra = {}
+        extra: dict[str, Any] = {}
+        if ids and req.chat:  # vLLM: the prompt's ids at the top level for chat
+            extra["prompt_token_ids"] = list(outs[0].prompt_token_ids)
         if req.show_prompt_logprobs:
             shown = [protocol.prompt_logprobs(out.prompt_logprobs or [], texts.mark)
                      for out in outs]
@@ -450,6 +455,7 @@ class _API:
         `[DONE]`; an engine error as an `error` event. `choices` are the requests'
         candidates' handles in choice order."""
         logprobs = [_StreamLogprobs(req, h, texts) for h in choices]
+        ids = [_StreamIds(req, h) for h in choices]
         echoed = [not req.echo] * len(choices)
         prompt_tokens = sum(len(h.prompt_token_ids) for h in handles)
 
@@ -463,15 +469,17 @@ class _API:
 
         try:
             if reply.chat:
-                yield sse(reply.chunk("", role=True, usage=so_far()))
+                yield sse(reply.chunk("", role=True, usage=so_far(),
+                                      prompt_token_ids=ids[0].prompt()))
             async for i, text, done in self._progress(choices):
                 if text and not echoed[i]:  # the prompt's text once its logprobs are known
                     echoed[i] = True
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
-                                          logprobs=logprobs[i].prompt(), usage=so_far()))
+                                          logprobs=logprobs[i].prompt(), usage=so_far(),
+                                          **ids[i].first()))
                 if text:
                     yield sse(reply.chunk(text, index=i, logprobs=logprobs[i].new(),
-                                          usage=so_far()))
+                                          usage=so_far(), **ids[i].new()))
                 if not done:
                     continue
                 out = choices[i].result()
@@ -482,9 +490,11 @@ class _API:
                 if not echoed[i]:
                     echoed[i] = True
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
-                                          logprobs=logprobs[i].prompt(), usage=so_far()))
+                                          logprobs=logprobs[i].prompt(), usage=so_far(),
+                                          **ids[i].first()))
                 yield sse(reply.chunk(None, out.finish_reason, index=i,
-                                      logprobs=logprobs[i].new(out), usage=so_far()))
+                                      logprobs=logprobs[i].new(out), usage=so_far(),
+                                      **ids[i].new(out)))
             if req.include_usage:
                 for handle in handles:  # a request ends just after its last choice
                     await self.watcher.wait_done(handle)
@@ -789,6 +799,38 @@ class _StreamLogprobs:
         shaped = protocol.completion_logprobs(ids, entries, self.texts.mark, self.offset)
         self.offset += sum(len(t) for t in shaped["tokens"])
         return shaped
+
+
+class _StreamIds:
+    """The token ids a stream owes one choice when vLLM's `return_token_ids` asks for them:
+    its prompt's on its first chunk (a chat's: its first chunk's top level, once), then
+    those of the tokens made since the last chunk."""
+
+    def __init__(self, req: GenerationRequest, handle: RequestHandle) -> None:
+        self.req, self.handle = req, handle
+        self.sent = 0
+        self.prompt_sent = not req.return_token_ids
+
+    def prompt(self) -> list[int] | None:
+        """The prompt's ids, the first time they are asked for; then None."""
+        if self.prompt_sent:
+            return None
+        self.prompt_sent = True
+        return list(self.handle.prompt_token_ids)
+
+    def first(self) -> dict[str, Any]:
+        """A completion choice's first chunk: its prompt's ids (a chat's went first)."""
+        return {} if self.req.chat else {"prompt_token_ids": self.prompt()}
+
+    def new(self, out: RequestOutput | None = None) -> dict[str, Any]:
+        """The ids not yet sent (up to the handle's count, or all of `out`'s), and on a
+        completion choice's first chunk its prompt's."""
+        if not self.req.return_token_ids:
+            return {}
+        made = out.token_ids if out is not None else self.handle.token_ids
+        end = len(made) if out is not None else min(self.handle.num_tokens, len(made))
+        batch, self.sent = list(made[self.sent:end]), max(self.sent, end)
+        return self.first() | {"token_ids": batch}
 
 
 def _failure(out: RequestOutput) -> APIError:

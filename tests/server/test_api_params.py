@@ -76,7 +76,6 @@ UNSUPPORTED = [
     # vLLM's, not implemented here
     (False, "priority", 5),
     (True, "cache_salt", "tenant-a"),
-    (False, "return_token_ids", True),
     (False, "logits_processors", ["my.module:Processor"]),
     (True, "kv_transfer_params", {"do_remote_decode": True}),
     (False, "vllm_xargs", {"a": 1}),
@@ -706,6 +705,51 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(url, name, loaded
     tokens = [t for line in r.text.split("\n\n") if line.startswith("data: {")
               for t in (json.loads(line[6:])["choices"][0]["logprobs"] or {}).get("tokens", [])]
     assert len(tokens) == 2 and all(t.startswith("token_id:") for t in tokens)
+
+
+def _events(r: httpx.Response) -> list[dict]:
+    return [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
+
+
+@pytest.mark.model
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids_as_vllm(url, name, loaded):
+    """vLLM's `return_token_ids`: whole, a completion's choices carry `prompt_token_ids`
+    and `token_ids`, a chat's `token_ids` with the prompt's at the top level; streamed, the
+    prompt's come once per choice (a chat's once, in its first chunk) and the chunks' ids
+    add up to the whole answer's. The ids are the very tokens: they decode to the text."""
+    prompt = "The capital of France is"
+    body = {"model": name, "prompt": prompt, "max_tokens": 6, "temperature": 0, "n": 2,
+            "return_token_ids": True}
+    whole = httpx.post(url + "/v1/completions", json=body, timeout=TIMEOUT_S).json()
+    for c in whole["choices"]:
+        assert c["prompt_token_ids"] == loaded.encode(prompt)
+        assert len(c["token_ids"]) == whole["usage"]["completion_tokens"] // 2
+        assert loaded.tokenizer.decode(c["token_ids"]) == c["text"]
+    events = _events(httpx.post(url + "/v1/completions", json=body | {"stream": True},
+                                timeout=TIMEOUT_S))
+    for i in range(2):
+        mine = [e["choices"][0] for e in events if e["choices"][0]["index"] == i]
+        assert [c["prompt_token_ids"] for c in mine if "prompt_token_ids" in c] == [
+            loaded.encode(prompt)]
+        assert sum((c["token_ids"] for c in mine), []) == whole["choices"][i]["token_ids"]
+    msgs = [{"role": "user", "content": "Say hi."}]
+    chat = {"model": name, "messages": msgs, "max_tokens": 6, "temperature": 0,
+            "return_token_ids": True}
+    got = httpx.post(url + "/v1/chat/completions", json=chat, timeout=TIMEOUT_S).json()
+    assert got["prompt_token_ids"] == loaded.encode(msgs)
+    assert "prompt_token_ids" not in got["choices"][0]
+    assert loaded.tokenizer.decode(got["choices"][0]["token_ids"],
+                                   skip_special_tokens=True) == got["choices"][0]["message"][
+                                       "content"]
+    events = _events(httpx.post(url + "/v1/chat/completions", json=chat | {"stream": True},
+                                timeout=TIMEOUT_S))
+    assert [e.get("prompt_token_ids") for e in events][0] == loaded.encode(msgs)
+    assert all("prompt_token_ids" not in e for e in events[1:])
+    assert sum((e["choices"][0].get("token_ids", []) for e in events if e["choices"]),
+               []) == got["choices"][0]["token_ids"]
+    plain = httpx.post(url + "/v1/completions", json=body | {"return_token_ids": False},
+                       timeout=TIMEOUT_S).json()
+    assert "token_ids" not in plain["choices"][0]
 
 
 @pytest.mark.model
