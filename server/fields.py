@@ -1,8 +1,9 @@
 """Which request fields this server serves, which it refuses, and which it ignores.
 
-A field OpenAI or vLLM defines that this server does not implement (`UNSUPPORTED`: tools,
-`suffix`, beam search, structural tags, priorities, `cache_salt`...) is a 400 naming it when it asks for anything but the default, and so is a
-sampler another server offers under its own name (`OTHER_SERVERS`: llama.cpp's
+A field OpenAI or vLLM defines that this server does not implement (`UNSUPPORTED`: the
+legacy `functions`, `suffix`, beam search, structural tags, priorities, `cache_salt`...)
+is a 400 naming it when it asks for anything but the default, and so is a sampler another
+server offers under its own name (`OTHER_SERVERS`: llama.cpp's
 `n_predict`, `repeat_penalty`, `typical_p`, `mirostat`..., TGI's `do_sample`), with the
 field to use here where there is one: a client written for llama.cpp's server learns that
 its `typical_p` does nothing here instead of reading answers it did not ask for. Any other
@@ -32,8 +33,6 @@ def _default(*values: Any) -> Callable[[Any], bool]:
 
 # fields OpenAI or vLLM defines and this server does not implement, on both endpoints
 UNSUPPORTED: dict[str, Check] = {
-    "tools": (_absent, "tool calling is not supported here"),
-    "tool_choice": (lambda v: _absent(v) or v == "none", "tool calling is not supported here"),
     "functions": (_absent, "function calling is not supported here"),
     "function_call": (lambda v: _absent(v) or v == "none", "function calling is not supported here"),
     "use_beam_search": (_absent, "beam search is not supported here"),
@@ -66,6 +65,9 @@ UNSUPPORTED: dict[str, Check] = {
                      "service tiers are not offered here"),
 }
 COMPLETION_UNSUPPORTED: dict[str, Check] = {
+    "tools": (_absent, "only /v1/chat/completions takes tools"),
+    "tool_choice": (lambda v: _absent(v) or v == "none",
+                    "only /v1/chat/completions takes tools"),
     "suffix": (_absent, "suffix (insertion) is not supported here"),
     "add_special_tokens": (lambda v: v is None or v is True,
                            "a text prompt always gets the tokenizer's special tokens here"),
@@ -113,6 +115,8 @@ SERVED = frozenset({
     # structured outputs, under each name a client may use (server.structured)
     "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
     "guided_grammar", "json_schema", "grammar",
+    # a chat's tools (server.tools)
+    "tools", "tool_choice",
     # accepted, with nothing to do: who asks, tags, hints, and what is so here anyway
     "user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls",
     "request_id", "spaces_between_special_tokens", "cache_prompt",

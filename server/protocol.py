@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import GREEDY_EPS, SamplingParams
 from engine.models.loaded import Prompt
-from server import structured
+from server import structured, tools
 from server.errors import APIError, bad_request, error_body, shown
 from server.fields import check_supported, ignored_fields
 
@@ -91,6 +91,7 @@ class GenerationRequest:
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids too
     bad_words: tuple[str, ...] = ()  # vLLM's: words the answer must not contain
     structured_param: str | None = None  # the field its structured output came from
+    tool_plan: tools.ToolPlan | None = None  # chat: its tools and tool_choice
 
     @property
     def prompt(self) -> Prompt:
@@ -122,7 +123,7 @@ class GenerationRequest:
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 TEMPLATE_FIELDS = frozenset({"chat_template_kwargs", "add_generation_prompt",
-                             "continue_final_message"})
+                             "continue_final_message", "tools"})
 
 
 def engine_error(message: str, *, chat: bool, max_tokens_param: str | None,
@@ -160,11 +161,21 @@ def parse_completion(body: Body, model_name: str) -> GenerationRequest:
 def parse_chat(body: Body, model_name: str) -> GenerationRequest:
     """Validate a /v1/chat/completions body (already parsed from JSON)."""
     check_supported(body, chat=True)
+    plan = tools.parse(body)
     req = _request(body, (parse_messages(body.get("messages")),), chat=True,
                    max_tokens_fields=("max_completion_tokens", "max_tokens"))
     kwargs = template_kwargs(body.get("chat_template_kwargs")) | template_switches(body)
+    if plan is not None:
+        kwargs["tools"] = list(plan.tools)
+    if plan is not None and plan.forced:
+        if req.params.structured is not None:
+            raise bad_request(f"tool_choice: a forced tool call is a structured output of "
+                              f"its own; it cannot be combined with {req.structured_param}",
+                              "tool_choice")
+        req = dataclasses.replace(req, params=dataclasses.replace(
+            req.params, structured=plan.structured()), structured_param="tools")
     check_model(body, model_name)
-    return dataclasses.replace(req, template_kwargs=kwargs,
+    return dataclasses.replace(req, template_kwargs=kwargs, tool_plan=plan,
                                ignored=ignored_fields(body, chat=True))
 
 
@@ -391,8 +402,11 @@ def parse_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string role",
                               "messages")
+        content = _content(m.get("content"), i)
+        if m.get("tool_calls"):  # an earlier call, shown as text to any template
+            content = "\n".join(t for t in (content, tools.history(m)) if t)
         out.append({"role": check_unicode(m["role"], "messages"),
-                    "content": check_unicode(_content(m.get("content"), i), "messages")})
+                    "content": check_unicode(content, "messages")})
     if not any(m["content"].strip() for m in out):
         raise bad_request("messages must not be empty (every content is blank)", "messages")
     return out
@@ -546,11 +560,16 @@ class Reply:
     def choice(self, text: str, finish_reason: str, *, index: int = 0,
                logprobs: dict[str, Any] | None = None,
                token_ids: Sequence[int] | None = None,
-               prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
-        """One choice of a whole response; vLLM's `return_token_ids` adds its `token_ids`
-        and, on completions, its prompt's (a chat's are at the top level: `whole_of`)."""
+               prompt_token_ids: Sequence[int] | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One choice of a whole response (a chat's: its text, or its `tool_calls`);
+        vLLM's `return_token_ids` adds its `token_ids` and, on completions, its prompt's
+        (a chat's are at the top level: `whole_of`)."""
         choice: dict[str, Any] = {"index": index}
-        if self.chat:
+        if self.chat and tool_calls is not None:  # OpenAI's: no content beside the calls
+            choice["message"] = {"role": "assistant", "content": None,
+                                 "tool_calls": tool_calls}
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -573,16 +592,21 @@ class Reply:
               logprobs: dict[str, Any] | None = None,
               usage: dict[str, Any] | None = None,
               token_ids: Sequence[int] | None = None,
-              prompt_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+              prompt_token_ids: Sequence[int] | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """One stream chunk of choice `index`: new text (None: none, e.g. the closing
         chunk), the finish reason on the last one, the assistant role on a chat's first
         one, the log-probabilities of the tokens it carries, (vLLM's continuous usage
         stats) the usage so far, and (vLLM's `return_token_ids`) the ids of the tokens it
-        carries and, on the first, the prompt's: a chat's at the top level, as vLLM's."""
+        carries and, on the first, the prompt's: a chat's at the top level, as vLLM's.
+        A chat's `tool_calls` deltas take the place of its text."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
-            delta = {"role": "assistant"} if role else {}
-            if text is not None:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if tool_calls is not None:  # none yet (a list of calls not closed): no delta
+                if tool_calls:
+                    delta["tool_calls"] = tool_calls
+            elif text is not None:
                 delta["content"] = text
             choice["delta"] = delta
         else:

@@ -71,7 +71,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.outputs import RequestHandle, RequestOutput
-from server import protocol, responses
+from server import protocol, responses, tools
 from server.errors import APIError, bad_request, busy, error_body
 from server.protocol import FINISH_REASONS, SSE_DONE, GenerationRequest, Reply, sse, sse_error
 from server.rate_limit import Charge, RateLimiter
@@ -345,10 +345,11 @@ class _API:
             if out.finish_reason not in FINISH_REASONS:
                 raise _failure(out)
         ids = req.return_token_ids
-        shaped = [reply.choice(_echo(req, i, texts) + out.text, out.finish_reason, index=i,
-                               logprobs=_whole_logprobs(req, out, texts),
+        shaped = [reply.choice(_echo(req, i, texts) + out.text, _finish(req, out),
+                               index=i, logprobs=_whole_logprobs(req, out, texts),
                                token_ids=out.token_ids if ids else None,
-                               prompt_token_ids=out.prompt_token_ids if ids else None)
+                               prompt_token_ids=out.prompt_token_ids if ids else None,
+                               tool_calls=_calls(req, out))
                   for i, out in enumerate(outs)]
         extra: dict[str, Any] = {}
         if ids and req.chat:  # vLLM: the prompt's ids at the top level for chat
@@ -456,6 +457,7 @@ class _API:
         candidates' handles in choice order."""
         logprobs = [_StreamLogprobs(req, h, texts) for h in choices]
         ids = [_StreamIds(req, h) for h in choices]
+        calls = [_StreamCalls(req.tool_plan) for _ in choices]
         echoed = [not req.echo] * len(choices)
         prompt_tokens = sum(len(h.prompt_token_ids) for h in handles)
 
@@ -477,9 +479,10 @@ class _API:
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
                                           logprobs=logprobs[i].prompt(), usage=so_far(),
                                           **ids[i].first()))
-                if text:
+                deltas = calls[i].delta(text) if text else None
+                if text and deltas != []:  # [] : a list of calls still open, sent whole later
                     yield sse(reply.chunk(text, index=i, logprobs=logprobs[i].new(),
-                                          usage=so_far(), **ids[i].new()))
+                                          usage=so_far(), tool_calls=deltas, **ids[i].new()))
                 if not done:
                     continue
                 out = choices[i].result()
@@ -492,9 +495,9 @@ class _API:
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
                                           logprobs=logprobs[i].prompt(), usage=so_far(),
                                           **ids[i].first()))
-                yield sse(reply.chunk(None, out.finish_reason, index=i,
+                yield sse(reply.chunk(None, _finish(req, out), index=i,
                                       logprobs=logprobs[i].new(out), usage=so_far(),
-                                      **ids[i].new(out)))
+                                      tool_calls=calls[i].end(out), **ids[i].new(out)))
             if req.include_usage:
                 for handle in handles:  # a request ends just after its last choice
                     await self.watcher.wait_done(handle)
@@ -799,6 +802,59 @@ class _StreamLogprobs:
         shaped = protocol.completion_logprobs(ids, entries, self.texts.mark, self.offset)
         self.offset += sum(len(t) for t in shaped["tokens"])
         return shaped
+
+
+def _calls(req: GenerationRequest, out: RequestOutput) -> list[dict[str, Any]] | None:
+    """A forced tool call's answer as `tool_calls` (None: a text answer)."""
+    plan = req.tool_plan
+    if plan is None or not plan.forced:
+        return None
+    return plan.calls(out.text) or []
+
+
+def _finish(req: GenerationRequest, out: RequestOutput) -> str:
+    """The finish reason as OpenAI gives it: "tool_calls" for a whole list of calls
+    (tool_choice "required"); a named call, forced, ends "stop"."""
+    plan = req.tool_plan
+    if (plan is not None and plan.forced and plan.name is None
+            and out.finish_reason == "stop"):
+        return "tool_calls"
+    return out.finish_reason
+
+
+class _StreamCalls:
+    """A forced tool call streamed as OpenAI's `tool_calls` deltas: a named function's
+    arguments as they come (its name and id first); "required"'s list of calls whole at
+    the end, once its JSON has closed."""
+
+    def __init__(self, plan: tools.ToolPlan | None) -> None:
+        self.plan = plan if plan is not None and plan.forced else None
+        self.opened = False
+        self.text = ""
+
+    def delta(self, text: str) -> list[dict[str, Any]] | None:
+        """The deltas for new answer text (None: the text is plain content)."""
+        if self.plan is None:
+            return None
+        self.text += text
+        if self.plan.name is None:
+            return []
+        args = {"arguments": text}
+        if self.opened:
+            return [{"index": 0, "function": args}]
+        self.opened = True
+        first = tools.call(self.plan.name, text)
+        return [{"index": 0} | first]
+
+    def end(self, out: RequestOutput) -> list[dict[str, Any]] | None:
+        """The last deltas: the rest of a named call's arguments, or every call of the
+        list (none where max_tokens cut it)."""
+        if self.plan is None:
+            return None
+        rest = out.text[len(self.text):]
+        if self.plan.name is not None:
+            return self.delta(rest) if rest or not self.opened else None
+        return [{"index": j} | c for j, c in enumerate(self.plan.calls(out.text) or [])]
 
 
 class _StreamIds:

@@ -47,8 +47,8 @@ def test_a_list_of_prompts_is_one_request_each():
 
 UNSUPPORTED = [
     (False, "tools", [{"type": "function", "function": {"name": "f"}}]),
-    (True, "tools", [{"type": "function", "function": {"name": "f"}}]),
-    (True, "tool_choice", "auto"),
+    (True, "tool_choice", "required"),  # with no tools
+    (False, "tool_choice", "auto"),
     (True, "functions", [{"name": "f"}]),
     (True, "function_call", "auto"),
     (False, "response_format", {"type": "json_schema", "json_schema": {}}),

@@ -1,0 +1,147 @@
+"""Tool calls as vLLM's server makes them without a model-specific tool-call parser.
+
+A named `tool_choice` (`{"type": "function", "function": {"name": ...}}`) makes the
+answer that function's arguments: its `parameters` schema becomes a structured output,
+and the text comes back as one tool call. `tool_choice: "required"` makes it a JSON list
+of `{"name", "parameters"}` calls, one of the tools' schemas each, and each comes back as
+a tool call. "auto", OpenAI's default once tools are sent, needs a parser for the model's
+own tool-call format, which this server has not: a 400, as vLLM's server answers it
+without `--enable-auto-tool-choice`. "none" sends the tools to the chat template only.
+
+The tools also go to the chat template (`tools`), as vLLM sends them: a template that
+knows tools shows them to the model. Earlier turns may hold the assistant's tool calls
+and the tools' answers (`role: "tool"`): `history` turns each call into text the template
+can show.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import StructuredOutput
+from server.errors import bad_request, shown
+
+Body = dict[str, Any]
+AUTO_REFUSED = ('tool_choice "auto" (the default once tools are sent) needs a parser for '
+                "the model's own tool-call format, which this server has not, as vLLM's "
+                "without --enable-auto-tool-choice: send tool_choice \"required\", a named "
+                'function ({"type": "function", "function": {"name": ...}}) or "none"')
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat's tools ask of its answer: nothing but the template's view of them
+    (`forced` false: tool_choice "none"), one call of the function `name` (a named
+    tool_choice), or, with no name, a list of calls to any of them ("required")."""
+
+    tools: tuple[dict[str, Any], ...]  # the tools, as sent
+    forced: bool
+    name: str | None = None
+
+    def structured(self) -> StructuredOutput:
+        """The answer's schema: the named function's parameters, or the list of calls."""
+        if self.name is not None:
+            return StructuredOutput("json", json.dumps(_parameters(self._function(self.name))))
+        calls = [{"type": "object", "properties": {"name": {"enum": [f["name"]]},
+                                                   "parameters": _parameters(f)},
+                  "required": ["name", "parameters"]} for f in self._functions()]
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        return StructuredOutput("json", json.dumps(schema))
+
+    def calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The answer as OpenAI's `tool_calls`; None where it is not a whole call (the
+        answer was cut at max_tokens before its JSON closed)."""
+        if self.name is not None:
+            return [call(self.name, text)]
+        try:
+            listed = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        return [call(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
+                for c in listed]
+
+    def _functions(self) -> list[dict[str, Any]]:
+        return [t["function"] for t in self.tools]
+
+    def _function(self, name: str) -> dict[str, Any]:
+        return next(f for f in self._functions() if f["name"] == name)
+
+
+def call(name: str, arguments: str) -> dict[str, Any]:
+    """One tool call as OpenAI's API writes it."""
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _parameters(function: dict[str, Any]) -> dict[str, Any]:
+    return function.get("parameters") or {"type": "object", "properties": {}}
+
+
+def parse(body: Body) -> ToolPlan | None:
+    """The chat body's tools and tool_choice as a plan (None: the answer is text); a 400
+    naming the field for a malformed tool, an unknown function or "auto"."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools in (None, []):
+        if choice not in (None, "none", "auto"):
+            raise bad_request(f"tool_choice: no tools were sent (got {shown(choice)})",
+                              "tool_choice")
+        return None
+    checked = _check_tools(tools)
+    if choice == "none":
+        return ToolPlan(checked, forced=False)
+    if choice is None or choice == "auto":
+        raise bad_request(AUTO_REFUSED, "tool_choice")
+    if choice == "required":
+        return ToolPlan(checked, forced=True)
+    name = _named(choice)
+    if name not in {t["function"]["name"] for t in checked}:
+        raise bad_request(f"tool_choice: no tool is named {name!r} (the tools are "
+                          f"{', '.join(t['function']['name'] for t in checked)})",
+                          "tool_choice")
+    return ToolPlan(checked, forced=True, name=name)
+
+
+def _named(choice: Any) -> str:
+    if (isinstance(choice, dict) and choice.get("type") == "function"
+            and isinstance(choice.get("function"), dict)
+            and isinstance(choice["function"].get("name"), str)):
+        return choice["function"]["name"]
+    raise bad_request('tool_choice must be "none", "auto", "required" or {"type": '
+                      f'"function", "function": {{"name": ...}}}}, got {shown(choice)}',
+                      "tool_choice")
+
+
+def _check_tools(tools: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(tools, list):
+        raise bad_request(f"tools must be a list of tools, got {shown(tools)}", "tools")
+    names = set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise bad_request(f"{where}: only function tools are supported here, got "
+                              f"{shown(tool)}", "tools")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"{where}.function must be an object with a name", "tools")
+        if fn["name"] in names:
+            raise bad_request(f"{where}: two tools are named {fn['name']!r}", "tools")
+        names.add(fn["name"])
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise bad_request(f"{where}.function.parameters must be a JSON schema (an "
+                              f"object), got {shown(params)}", "tools")
+    return tuple(tools)
+
+
+def history(message: dict[str, Any]) -> str:
+    """An earlier assistant turn's tool calls as text after its content, for a chat
+    template without tools of its own: one JSON object per call."""
+    calls = message.get("tool_calls") or []
+    lines = [json.dumps({"name": c.get("function", {}).get("name"),
+                         "arguments": c.get("function", {}).get("arguments")},
+                        ensure_ascii=False) for c in calls if isinstance(c, dict)]
+    return "\n".join(lines)
