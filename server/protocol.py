@@ -15,9 +15,9 @@ per prompt), `stream`, `stream_options.include_usage`; and vLLM's
 `truncate_prompt_tokens`, `return_tokens_as_token_ids`, `return_token_ids`,
 `chat_template_kwargs` (chat: extra variables for the model's chat template),
 `add_generation_prompt` and `continue_final_message` (chat: the template's switches, for
-an assistant's prefill);
-structured outputs under each name a client may use (`response_format`, vLLM's
-`structured_outputs`: `server.structured`).
+an assistant's prefill); structured outputs under each name a client may use
+(`response_format`, vLLM's `structured_outputs`: `server.structured`); a chat's `tools`
+and `tool_choice` (`server.tools`).
 What is refused and what ignored: `server.fields`. A wrong type or a bad value is an
 `APIError` 400 whose `param` names the field; body errors come before an unknown model's
 404, as vLLM's.

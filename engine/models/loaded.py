@@ -99,7 +99,7 @@ class LoadedModel:
 
 def _asked(template_kwargs: Mapping[str, Any]) -> str:
     """The request field a chat template's failure is about: its extra variables, else the
-    switch that was set."""
+    tools, else the switch that was set."""
     switches = ("add_generation_prompt", "continue_final_message", "tools")
     if any(k not in switches for k in template_kwargs):
         return "chat_template_kwargs"
