@@ -64,30 +64,37 @@ class Grammars:
 
     def compile(self, so: StructuredOutput) -> Any:
         """The compiled grammar of `so`; `ValueError` ("structured: ...") naming what is
-        wrong with a schema, regex or grammar that does not compile."""
+        wrong with a schema, regex or grammar that does not compile or allows no answer.
+        Compiles run outside the lock (xgrammar's compiler is thread-safe), so one spec
+        that is slow to compile holds up no other request."""
         with self._lock:
             if so in self._cache:
                 return self._cache[so]
             compiler = self._compiler_for()
-            try:
-                if so.kind == "json":
-                    json.loads(str(so.spec))
-                    compiled = compiler.compile_json_schema(so.spec)
-                elif so.kind == "json_object":
-                    compiled = compiler.compile_builtin_json_grammar()
-                elif so.kind == "regex":
-                    compiled = compiler.compile_regex(so.spec)
-                elif so.kind == "choice":
-                    compiled = compiler.compile_grammar(choice_grammar(so.spec))
-                else:
-                    compiled = compiler.compile_grammar(so.spec)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"structured: the JSON schema is not valid JSON: {exc}") from None
-            except (RuntimeError, ValueError, TypeError) as exc:
-                raise ValueError(f"structured: the {_NAMES[so.kind]} does not compile: "
-                                 f"{_reason(exc)}") from None
+        try:
+            if so.kind == "json":
+                json.loads(str(so.spec))
+                compiled = compiler.compile_json_schema(so.spec)
+            elif so.kind == "json_object":
+                compiled = compiler.compile_builtin_json_grammar()
+            elif so.kind == "regex":
+                compiled = compiler.compile_regex(so.spec)
+            elif so.kind == "choice":
+                compiled = compiler.compile_grammar(choice_grammar(so.spec))
+            else:
+                compiled = compiler.compile_grammar(so.spec)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structured: the JSON schema is not valid JSON: {exc}") from None
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ValueError(f"structured: the {_NAMES[so.kind]} does not compile: "
+                             f"{_reason(exc)}") from None
+        bitmask = _xgr().allocate_token_bitmask(1, self.vocab_size)
+        if Matcher(compiled).fill(bitmask, 0) and not bitmask.any():
+            raise ValueError(f"structured: the {_NAMES[so.kind]} allows no answer (no token "
+                             "can start one)")
+        with self._lock:
             self._cache[so] = compiled
-            return compiled
+        return compiled
 
 
 def _reason(exc: Exception) -> str:
@@ -126,6 +133,10 @@ class Matcher:
             self.accepted.append(token)
         return True
 
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self._matcher.stop_token_ids)
+
     def fill(self, bitmask: torch.Tensor, row: int) -> bool:
         """Write the allowed next tokens into `bitmask[row]`; False (row left as it is)
         once the grammar has ended, where any token may follow (`ignore_eos`)."""
@@ -133,6 +144,17 @@ class Matcher:
             return False
         self._matcher.fill_next_token_bitmask(bitmask, row)
         return True
+
+
+def _allow_only(row: torch.Tensor, token_ids: Iterable[int]) -> None:
+    """Set a bitmask row (32 tokens per int32 word, bit i of word w: token 32w + i) to
+    allow exactly `token_ids`."""
+    words: dict[int, int] = {}
+    for t in token_ids:
+        words[t // 32] = words.get(t // 32, 0) | (1 << (t % 32))
+    row.zero_()
+    for w, bits in words.items():
+        row[w] = bits - (1 << 32) if bits >= 1 << 31 else bits  # as a signed int32
 
 
 def mask_rows(logits: torch.Tensor, matchers: list[Matcher | None],
@@ -149,6 +171,8 @@ def mask_rows(logits: torch.Tensor, matchers: list[Matcher | None],
         m = matchers[r]
         if m.follow(outputs[r]) and m.fill(bitmask, r):
             masked.append(r)
+            if not bitmask[r].any():  # a dead end: the end of text, not a token it bars
+                _allow_only(bitmask[r], m.stop_token_ids)
     if masked:
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=masked,
                                         vocab_size=logits.shape[-1])

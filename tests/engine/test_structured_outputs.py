@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import StructuredOutput
-from engine.grammar import Grammars, Matcher, choice_grammar
+from engine.grammar import Grammars, Matcher, _allow_only, choice_grammar, mask_rows
 
 pytestmark = pytest.mark.model
 
@@ -184,3 +184,25 @@ def test_choices_are_escaped_literals(tokenizer_dir):
         StructuredOutput("choice", ('say "hi"', "a\\b")))
     assert Matcher(compiled).follow(tok.encode('say "hi"', add_special_tokens=False))
     assert not Matcher(compiled).follow(tok.encode("say hi", add_special_tokens=False))
+
+
+def test_a_grammar_that_allows_nothing_is_refused_and_a_dead_end_ends_the_answer(
+        tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    grammars = Grammars(tok, len(tok), [tok.eos_token_id])
+    with pytest.raises(ValueError, match="^structured: the grammar allows no answer"):
+        grammars.compile(StructuredOutput("grammar", "root ::= root"))
+    # a row whose mask would bar every token (a matcher whose fill bars all, by hand)
+    # allows only the end of text instead
+    compiled = grammars.compile(StructuredOutput("regex", "ab"))
+    m = Matcher(compiled)
+    logits = torch.zeros(1, len(tok))
+    m._matcher.fill_next_token_bitmask = lambda bitmask, row: bitmask[row].zero_()
+    mask_rows(logits, [m], [[]])
+    assert (logits[0] > float("-inf")).nonzero().flatten().tolist() == [tok.eos_token_id]
+    for t in (31, 63, 5):  # the sign bit of an int32 word, and a low one
+        row = torch.full((len(tok) // 32 + 1,), -1, dtype=torch.int32)
+        _allow_only(row, [t])
+        x = torch.zeros(1, len(tok))
+        xgr.apply_token_bitmask_inplace(x, row[None], vocab_size=len(tok))
+        assert (x[0] > float("-inf")).nonzero().flatten().tolist() == [t]
