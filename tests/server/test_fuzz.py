@@ -93,6 +93,17 @@ FIELDS = {
     "model": (st.just("__served__"), WILD),
     "logprobs": (st.integers(0, 5), WILD),
     "user": (TEXT, WILD),
+    "response_format": (st.sampled_from([{"type": "text"}, {"type": "json_object"}]), WILD),
+    "structured_outputs": (st.one_of(
+        st.fixed_dictionaries({"choice": st.lists(TEXT, min_size=1, max_size=3)}),
+        st.fixed_dictionaries({"regex": st.sampled_from(["[a-z]{1,5}", "\\d+", "(yes|no)"])})),
+        WILD),
+    "tools": (st.just([{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]),
+        WILD),
+    "tool_choice": (st.sampled_from(["none", "required",
+                                     {"type": "function", "function": {"name": "f"}}]), WILD),
+    "return_token_ids": (st.booleans(), WILD),
 }
 PROMPTS = {"prompt": (st.one_of(TEXT, TOKEN_IDS),
                       st.one_of(WILD, WILD_TEXT, st.lists(st.integers(-5, 10**6), max_size=5),
@@ -148,7 +159,10 @@ def fuzz_server(loaded):
             httpx.Client(base_url=url, timeout=ANSWER_WITHIN_S + 1) as http:
         for path, body in [("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
                            ("/v1/chat/completions", {"max_tokens": 2, "stream": True,
-                            "messages": [{"role": "user", "content": "Hi"}]})]:
+                            "messages": [{"role": "user", "content": "Hi"}]}),
+                           # the first structured output loads xgrammar (seconds)
+                           ("/v1/completions", {"prompt": "Hi", "max_tokens": 2,
+                                                "structured_outputs": {"choice": ["a"]}})]:
             assert http.post(path, json=body, timeout=60).status_code == 200  # warm-up
         yield eng, http
         wait_for(lambda: eng.stats(steps_after=None).kv.used_blocks == 0, 10,
@@ -179,7 +193,7 @@ def check_answer(http: httpx.Client, path: str, body: bytes) -> None:
         assert text.endswith("data: [DONE]\n\n")
     else:
         reply = json.loads(raw)
-        assert reply["choices"][0]["finish_reason"] in ("stop", "length")
+        assert reply["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
         assert reply["usage"]["completion_tokens"] >= 0
 
 

@@ -169,6 +169,9 @@ def test_a_responses_json_schema_answer_parses(client, name):
     assert got.status == "completed"
     City.model_validate_json(got.output_text)
     assert got.text.format.type == "json_schema"
+    parsed = client.responses.parse(model=name, input="Name a city and its population.",
+                                    max_output_tokens=60, temperature=0, text_format=City)
+    assert isinstance(parsed.output_parsed, City)
 
 
 @pytest.mark.model
