@@ -131,7 +131,9 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
     x = apply_allowed(x, sub)
     x = apply_bad_words(x, sub, [histories[i][1] for i in rows])
     x = apply_logit_bias(x, sub)
-    x = apply_penalties(x, sub, [histories[i] for i in rows])
+    if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+           for p in sub):  # their counts are [rows, vocab] tensors: built only when asked
+        x = apply_penalties(x, sub, [histories[i] for i in rows])
     return logits.index_copy(0, index, x)
 
 
