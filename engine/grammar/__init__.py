@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from engine.config import StructuredOutput
+from engine.models import native
 
 
 def _xgr() -> Any:
@@ -173,7 +174,10 @@ def mask_rows(logits: torch.Tensor, matchers: list[Matcher | None],
             masked.append(r)
             if not bitmask[r].any():  # a dead end: the end of text, not a token it bars
                 _allow_only(bitmask[r], m.stop_token_ids)
-    if masked:
+    if masked and native.cpu_kernels(logits.device) and logits.dtype == torch.float32:
+        # xgrammar's CPU apply is a scalar loop; the masked stores write 16 tokens at once
+        torch.ops.batchlens.bar_tokens(logits, bitmask, torch.tensor(masked, dtype=torch.long))
+    elif masked:
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=masked,
                                         vocab_size=logits.shape[-1])
     return logits

@@ -178,6 +178,12 @@ def avx512() -> bool:
     return isa() == "native" and "avx512" in torch.backends.cpu.get_cpu_capability().lower()
 
 
+def cpu_kernels(device: torch.device) -> bool:
+    """Whether the kernels are built and `device` is the CPU they run on: the ops of any
+    dtype (`argmax_rows`; `bar_tokens`, a structured output's mask on float32 logits)."""
+    return device.type == "cpu" and _build()[0]
+
+
 def layer_ops(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the fused layer ops (`torch.ops.batchlens.add_rms_norm`, `rope_write_kv`,
     `silu_mul`) serve this device and dtype: CPU bfloat16 and float16 with the kernels built.

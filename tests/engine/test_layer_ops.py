@@ -133,6 +133,43 @@ def test_argmax_rows_is_torch_argmax(dtype, width):
         assert torch.equal(ops().argmax_rows(part), part.argmax(dim=-1))
 
 
+@pytest.mark.parametrize("width", [1, 31, 32, 33, 1000, 49152, 49157])
+def test_bar_tokens_bars_exactly_the_clear_bits_of_the_listed_rows(width):
+    """A structured output's mask: each listed row's tokens whose bit is clear become -inf
+    (bit i of int32 word w: token 32w + i, the sign bit included), others and unlisted
+    rows untouched; the same as xgrammar's own apply. Bad arguments are errors."""
+    import xgrammar as xgr
+
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(70, width, generator=g)  # 70 rows: split across threads
+    words = (width + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (70, words), generator=g, dtype=torch.int32)
+    bitmask[2] = -1  # every token allowed
+    bitmask[4] = 0  # none
+    bitmask[6] = torch.tensor(-(2**31), dtype=torch.int32)  # only each word's bit 31
+    rows = [0, 2, 4, 6, 9, 69]
+    got = x.clone()
+    ops().bar_tokens(got, bitmask, torch.tensor(rows))
+    bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
+    allowed = bits.reshape(70, -1)[:, :width].bool()
+    want = x.clone()
+    for r in rows:
+        want[r] = x[r].masked_fill(~allowed[r], float("-inf"))
+    assert torch.equal(got, want)
+    assert torch.isinf(got[4]).all() and torch.equal(got[2], x[2])
+    assert torch.equal(got[1], x[1])  # not listed
+    if width >= 32:  # a vocabulary's width (xgrammar's apply differs on a 1-token one)
+        theirs = x.clone()
+        xgr.apply_token_bitmask_inplace(theirs, bitmask, vocab_size=width, indices=rows)
+        assert torch.equal(got, theirs)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops().bar_tokens(x, bitmask, torch.tensor([70]))
+    with pytest.raises(RuntimeError, match="float32"):
+        ops().bar_tokens(x.bfloat16(), bitmask, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="bitmask must be"):
+        ops().bar_tokens(x, bitmask[:, :1] if words > 1 else bitmask[:1], torch.tensor([0]))
+
+
 def test_greedy_sampling_reads_bfloat16_logits_in_place():
     from engine.sampler import greedy
 
