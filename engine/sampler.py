@@ -53,9 +53,10 @@ if TYPE_CHECKING:
 
 def greedy(logits: torch.Tensor) -> list[int]:
     """Each row's argmax: the first largest logit (a NaN above all), as `torch.argmax`.
-    bfloat16 logits on an AVX-512 CPU are read in place by the native kernel; elsewhere
-    torch's argmax runs on a float32 copy (on bfloat16 it was 2x slower than copy + argmax)."""
-    if native.layer_ops(logits.device, logits.dtype) and native.avx512():
+    Logits on an AVX-512 CPU (bfloat16 as the model made them, float32 after the sampler's
+    processing) are read in place by the native kernel; elsewhere torch's argmax runs on a
+    float32 copy (on bfloat16 it was 2x slower than copy + argmax)."""
+    if native.cpu_kernels(logits.device) and native.avx512():
         return torch.ops.batchlens.argmax_rows(logits).tolist()
     if logits.device.type == "cpu" and logits.dtype != torch.float32:
         logits = logits.float()
@@ -123,8 +124,9 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
     rows = [i for i, p in enumerate(params) if p.processes_logits]
     if not rows:
         return logits
+    every = len(rows) == len(params)  # one copy, not a gather and a scatter of them all
     index = torch.tensor(rows, device=logits.device)
-    x = logits.index_select(0, index)
+    x = logits.clone() if every else logits.index_select(0, index)
     sub = [params[i] for i in rows]
     if matchers is not None:
         x = mask_rows(x, [matchers[i] for i in rows], [histories[i][1] for i in rows])
@@ -134,7 +136,7 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams],
     if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
            for p in sub):  # their counts are [rows, vocab] tensors: built only when asked
         x = apply_penalties(x, sub, [histories[i] for i in rows])
-    return logits.index_copy(0, index, x)
+    return x if every else logits.index_copy(0, index, x)
 
 
 def apply_allowed(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
