@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +31,9 @@ import torch
 
 from engine.config import StructuredOutput
 from engine.models import native
+
+CACHED_GRAMMARS = 128  # compiled specs kept per model
+COMPILER_CACHE_BYTES = 64 * 2**20  # xgrammar's own cache of compiled pieces
 
 
 def _xgr() -> Any:
@@ -52,7 +56,9 @@ class Grammars:
         self._tokenizer = tokenizer
         self._stops = sorted(stop_token_ids)
         self._compiler: Any = None
-        self._cache: dict[StructuredOutput, Any] = {}
+        # the latest specs compiled, most recent last: a server that meets a new schema
+        # with every request keeps only these (and xgrammar's own cache is bounded too)
+        self._cache: OrderedDict[StructuredOutput, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def _compiler_for(self) -> Any:
@@ -60,7 +66,8 @@ class Grammars:
             xgr = _xgr()
             info = xgr.TokenizerInfo.from_huggingface(
                 self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stops or None)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1,
+                                                 cache_limit_bytes=COMPILER_CACHE_BYTES)
         return self._compiler
 
     def compile(self, so: StructuredOutput) -> Any:
@@ -70,6 +77,7 @@ class Grammars:
         that is slow to compile holds up no other request."""
         with self._lock:
             if so in self._cache:
+                self._cache.move_to_end(so)
                 return self._cache[so]
             compiler = self._compiler_for()
         try:
@@ -95,6 +103,8 @@ class Grammars:
                              "can start one)")
         with self._lock:
             self._cache[so] = compiled
+            while len(self._cache) > CACHED_GRAMMARS:
+                self._cache.popitem(last=False)
         return compiled
 
 

@@ -206,3 +206,17 @@ def test_a_grammar_that_allows_nothing_is_refused_and_a_dead_end_ends_the_answer
         x = torch.zeros(1, len(tok))
         xgr.apply_token_bitmask_inplace(x, row[None], vocab_size=len(tok))
         assert (x[0] > float("-inf")).nonzero().flatten().tolist() == [t]
+
+
+def test_the_compiled_grammars_kept_are_the_latest_few(tokenizer_dir, monkeypatch):
+    import engine.grammar as grammar
+
+    monkeypatch.setattr(grammar, "CACHED_GRAMMARS", 3)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    grammars = Grammars(tok, len(tok), [tok.eos_token_id])
+    specs = [StructuredOutput("regex", f"a{{{i}}}") for i in range(1, 6)]
+    compiled = [grammars.compile(so) for so in specs]
+    assert list(grammars._cache) == specs[2:]
+    assert grammars.compile(specs[2]) is compiled[2]  # kept, and now the latest
+    grammars.compile(specs[0])
+    assert list(grammars._cache) == [specs[4], specs[2], specs[0]]  # the oldest went
