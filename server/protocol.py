@@ -404,6 +404,9 @@ def parse_messages(messages: Any) -> list[dict[str, str]]:
                               "messages")
         content = _content(m.get("content"), i)
         if m.get("tool_calls"):  # an earlier call, shown as text to any template
+            if not isinstance(m["tool_calls"], list):
+                raise bad_request(f"messages[{i}].tool_calls must be a list of tool calls, "
+                                  f"got {shown(m['tool_calls'])}", "messages")
             content = "\n".join(t for t in (content, tools.history(m)) if t)
         out.append({"role": check_unicode(m["role"], "messages"),
                     "content": check_unicode(content, "messages")})

@@ -140,8 +140,8 @@ def _check_tools(tools: Any) -> tuple[dict[str, Any], ...]:
 def history(message: dict[str, Any]) -> str:
     """An earlier assistant turn's tool calls as text after its content, for a chat
     template without tools of its own: one JSON object per call."""
-    calls = message.get("tool_calls") or []
-    lines = [json.dumps({"name": c.get("function", {}).get("name"),
-                         "arguments": c.get("function", {}).get("arguments")},
-                        ensure_ascii=False) for c in calls if isinstance(c, dict)]
-    return "\n".join(lines)
+    functions = [c.get("function") for c in message.get("tool_calls") or []
+                 if isinstance(c, dict)]
+    return "\n".join(json.dumps({"name": f.get("name"), "arguments": f.get("arguments")},
+                                ensure_ascii=False)
+                     for f in functions if isinstance(f, dict))

@@ -73,7 +73,7 @@ WILD_MESSAGES = st.one_of(WILD, st.lists(st.fixed_dictionaries({
     "role": st.one_of(st.sampled_from(["user", "system"]), JSON_VALUES),
     "content": st.one_of(WILD_TEXT, JSON_VALUES, st.lists(st.fixed_dictionaries(
         {"type": st.sampled_from(["text", "image_url"]), "text": WILD_TEXT}), max_size=3)),
-}), max_size=3))
+}, optional={"tool_calls": JSON_VALUES}), max_size=3))
 # field -> (a value that is served, a wild one); each body has 0-3 wild fields
 FIELDS = {
     "max_tokens": (SMALL_MAX_TOKENS,

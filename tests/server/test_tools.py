@@ -17,7 +17,6 @@ from server import protocol, tools
 from server.errors import APIError
 
 MODEL = "stub-model"
-TIMEOUT_S = 120.0
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
@@ -106,6 +105,14 @@ def test_earlier_calls_and_tool_answers_reach_the_template_as_text():
     assert msgs[1] == {"role": "assistant", "content": json.dumps(
         {"name": "get_weather", "arguments": '{"city": "Paris"}'})}
     assert msgs[2] == {"role": "tool", "content": "18 C"}
+    odd = protocol.parse_messages(ASK + [{"role": "assistant", "content": "ok",
+                                          "tool_calls": [{"function": "f"}, 3]}])
+    assert odd[1]["content"] == "ok"  # calls without a function object add nothing
+    for bad in (7, "call", {"id": "x"}):
+        with pytest.raises(APIError) as err:
+            protocol.parse_messages(ASK + [{"role": "assistant", "tool_calls": bad}])
+        assert err.value.param == "messages" and "messages[1].tool_calls must be a list" in (
+            err.value.message)
 
 
 def test_tool_calls_take_the_place_of_content_on_the_wire():
@@ -122,12 +129,6 @@ def test_tool_calls_take_the_place_of_content_on_the_wire():
 class Weather(pydantic.BaseModel):
     city: str
     unit: str
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
-                         timeout=TIMEOUT_S)
 
 
 @pytest.mark.model
