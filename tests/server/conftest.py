@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 from http_server import serving
 
@@ -30,3 +31,11 @@ def url(api_engine, name):
     metrics.watch(api_engine)
     with serving(api_routes(lambda: api_engine, model_name=name, metrics=metrics)) as base:
         yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    """The official OpenAI client on `url`'s API: no retries, a model test's patience."""
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                       timeout=120.0) as c:
+        yield c

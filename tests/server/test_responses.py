@@ -118,13 +118,6 @@ def test_the_route_answers_a_bad_body_before_any_engine():
 
 
 # ---- a real engine ---------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def client(url):
-    with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
-                       timeout=TIMEOUT_S) as c:
-        yield c
-
-
 @pytest.mark.model
 def test_a_response_is_the_chats_answer(name, client):
     """The same greedy answer and token counts as the chat it is underneath."""

@@ -10,7 +10,6 @@ import json
 import re
 
 import httpx
-import openai
 import pydantic
 import pytest
 
@@ -116,12 +115,6 @@ def test_a_responses_text_format_is_echoed_in_its_response():
 class City(pydantic.BaseModel):
     city: str
     population: int
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
-                         timeout=TIMEOUT_S)
 
 
 @pytest.mark.model
