@@ -193,6 +193,9 @@ class SamplingParams:
         where the output so far ends with the ones before it.
     structured: vLLM's structured outputs (`StructuredOutput`): each step bars every token
         that would take the answer off its schema, regex, choices or grammar.
+    cache_salt: vLLM's: the prompt's blocks are prefix-cache hits only for requests with
+        the same salt (not a sampling setting; it travels with them, as vLLM's request
+        field does with its request).
     min_p: drop tokens whose probability is below min_p x the most likely token's.
     logprobs: None for none; k for the chosen token's log-probability and the top k.
     prompt_logprobs: the same for every prompt token (the first has none).
@@ -223,6 +226,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     structured: StructuredOutput | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -266,6 +270,9 @@ class SamplingParams:
                 for w in self.bad_words_token_ids):
             raise ValueError("bad_words_token_ids must be a list of non-empty lists of token "
                              f"ids >= 0, got {self.bad_words_token_ids!r}")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str)
+                                            or not self.cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise ValueError("structured must be a StructuredOutput or None, "
                              f"got {self.structured!r}")

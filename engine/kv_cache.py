@@ -13,7 +13,10 @@ Every block is in exactly one of three states::
     free + used + cached == num_blocks
 
 Prefix caching hashes each full block chained to its parent's hash,
-``hash((parent_hash, tokens))``, and compares tokens and parent on a hit.
+``hash((parent_hash, tokens))``, and compares tokens and parent on a hit. A request with a
+cache salt (vLLM's `cache_salt`) starts its chain from the salt's hash instead of None, so
+its blocks are hits only for requests with the same salt: one tenant of a shared engine
+cannot learn from its own timings whether another sent a prompt.
 
 Parallel sampling forks a request's prompt: `fork` gives each candidate the blocks of
 the prompt's L tokens by reference count. Full blocks are never written again; the last,
@@ -87,6 +90,11 @@ def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
+def salt_root(salt: str | None) -> int | None:
+    """The parent hash of a request's first block: None, or its cache salt's hash."""
+    return None if salt is None else hash(("cache_salt", salt))
+
+
 def waste_for_block_size(lengths: Iterable[int], block_size: int) -> float:
     """Share of reserved slots left empty if each request of `lengths` tokens held
     ceil(L / block_size) whole blocks: sum(ceil(L/bs)*bs - L) / sum(ceil(L/bs)*bs).
@@ -122,6 +130,7 @@ class KVCacheManager:
         self.block_tables: dict[str, list[int]] = {}
         self._num_hashed: dict[str, int] = {}  # full blocks of a request already hashed
         self._num_tokens: dict[str, int] = {}  # computed tokens in cache per request
+        self._roots: dict[str, int] = {}  # a salted request's first parent hash
         # request -> index in its table of a partial block it shares with forked candidates
         self.shared_tails: dict[str, int] = {}
         self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet done
@@ -137,8 +146,9 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Block ids of the longest cached prefix of full blocks.
+    def find_cached_prefix(self, token_ids: list[int], salt: str | None = None) -> list[int]:
+        """Block ids of the longest cached prefix of full blocks (cached under the same
+        cache `salt`, or none).
 
         Capped one token short of the prompt so the last token is recomputed for logits.
         """
@@ -147,7 +157,7 @@ class KVCacheManager:
         bs = self.block_size
         max_blocks = (len(token_ids) - 1) // bs
         hits: list[int] = []
-        parent: int | None = None
+        parent = salt_root(salt)
         for i in range(max_blocks):
             toks = tuple(token_ids[i * bs : (i + 1) * bs])
             h = hash_block(parent, toks)
@@ -163,14 +173,18 @@ class KVCacheManager:
 
     # ---- allocation ----------------------------------------------------------------
     def allocate(
-        self, request_id: str, num_tokens: int, cached_blocks: list[int] | None = None
+        self, request_id: str, num_tokens: int, cached_blocks: list[int] | None = None,
+        salt: str | None = None,
     ) -> bool:
         """Grow a request's block table to hold `num_tokens` before it writes there; False
         if blocks ran out.
 
         `cached_blocks` (a prefix hit, first allocation only) are shared, not copied. A
-        shared partial tail (after a fork) is copied on write here, its first write.
+        shared partial tail (after a fork) is copied on write here, its first write. A
+        cache `salt` (first allocation) roots the hashes of the blocks it fills.
         """
+        if salt is not None and request_id not in self.block_tables:
+            self._roots[request_id] = salt_root(salt)
         table = self.block_tables.setdefault(request_id, [])
         cached_blocks = cached_blocks or []
         assert not cached_blocks or not table, "prefix hits only on a first allocation"
@@ -181,6 +195,7 @@ class KVCacheManager:
         if max(need, 0) + copy > self.num_free_blocks - evictable_hits:
             if not table:
                 del self.block_tables[request_id]
+                self._roots.pop(request_id, None)
             return False
         if tail is not None:
             del self.shared_tails[request_id]
@@ -231,6 +246,8 @@ class KVCacheManager:
         self.block_tables[child_id] = list(table)
         self._num_hashed[child_id] = min(self._num_hashed.get(request_id, 0), len(table))
         self._num_tokens[child_id] = num_tokens
+        if request_id in self._roots:
+            self._roots[child_id] = self._roots[request_id]
         if num_tokens % self.block_size:
             self.shared_tails[request_id] = self.shared_tails[child_id] = len(table) - 1
 
@@ -257,7 +274,8 @@ class KVCacheManager:
         bs = self.block_size
         done = self._num_hashed.get(request_id, 0)
         full = min(num_computed // bs, len(table))
-        parent = self.blocks[table[done - 1]].block_hash if done else None
+        parent = self.blocks[table[done - 1]].block_hash if done else self._roots.get(
+            request_id)
         for i in range(done, full):
             toks = tuple(token_ids[i * bs : (i + 1) * bs])
             h = hash_block(parent, toks)
@@ -278,6 +296,7 @@ class KVCacheManager:
         self.shared_tails.pop(request_id, None)
         self._num_hashed.pop(request_id, None)
         self._num_tokens.pop(request_id, None)
+        self._roots.pop(request_id, None)
         self._release(reversed(table))  # tail first, so it is evicted first
 
     def truncate(self, request_id: str, num_tokens: int) -> None:

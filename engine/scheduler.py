@@ -136,13 +136,14 @@ class Scheduler:
             # cache (vLLM's skip_reading_prefix_cache), uncounted in its queries
             lookup = not seq.wants_prompt_logits
             if lookup and seq.num_computed_tokens == 0:
-                hits = self.kv.find_cached_prefix(seq.token_ids)
+                hits = self.kv.find_cached_prefix(seq.token_ids, seq.params.cache_salt)
             num_cached = len(hits) * self.kv.block_size
             n = min(seq.num_tokens - num_cached, budget)
             cap = prefill_chunk_cap(num_cached, self.max_prefill_attention)
             if cap is not None and n > cap:
                 n = cap
-            if not self.kv.allocate(seq.request_id, num_cached + n, hits):
+            if not self.kv.allocate(seq.request_id, num_cached + n, hits,
+                                    seq.params.cache_salt):
                 break
             if lookup:
                 self.kv.record_prefix_lookup(seq.num_tokens, num_cached)

@@ -14,3 +14,6 @@ def check_invariants(kv: KVCacheManager) -> None:
             holders[b] = holders.get(b, 0) + 1
     for blk in kv.blocks:
         assert blk.ref_count == holders.get(blk.block_id, 0)
+    # per-request bookkeeping lives only as long as the request's table
+    assert set(kv._roots) <= set(kv.block_tables)
+    assert set(kv._num_hashed) <= set(kv.block_tables)

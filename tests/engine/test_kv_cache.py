@@ -38,6 +38,31 @@ def test_prefix_hit_shares_blocks_and_caps_one_token_short():
     check_invariants(kv)
 
 
+def test_a_cache_salt_keeps_its_blocks_to_requests_with_the_same_salt():
+    """vLLM's cache_salt: blocks computed under a salt are hits for that salt only; an
+    unsalted request and another tenant's salt miss, and a fork keeps its parent's salt."""
+    kv = KVCacheManager(num_blocks=12, block_size=4)
+    tokens = list(range(10, 22))  # 3 full blocks
+    assert kv.allocate("a", 12, salt="tenant-a")
+    kv.record_computed("a", tokens, 12)
+    assert kv.find_cached_prefix(tokens, "tenant-a") == kv.block_tables["a"][:2]
+    assert kv.find_cached_prefix(tokens) == []
+    assert kv.find_cached_prefix(tokens, "tenant-b") == []
+    assert kv.allocate("plain", 12)
+    kv.record_computed("plain", tokens, 12)  # the same tokens unsalted: blocks of their own
+    assert kv.find_cached_prefix(tokens) == kv.block_tables["plain"][:2]
+    assert set(kv.block_tables["plain"]).isdisjoint(kv.block_tables["a"])
+    kv.fork("a", "a#1", 12)
+    assert kv.allocate("a#1", 13)
+    kv.record_computed("a#1", tokens + [1, 2, 3, 4], 16)  # its 4th block, under the salt
+    hits = kv.find_cached_prefix(tokens + [1, 2, 3, 4, 5], "tenant-a")
+    assert hits == kv.block_tables["a#1"][:4]
+    for rid in ("a", "a#1", "plain"):
+        kv.free(rid)
+    assert kv.find_cached_prefix(tokens, "tenant-a") != []  # cached after free, LRU
+    check_invariants(kv)
+
+
 def test_tokens_are_compared_on_hit():
     kv = KVCacheManager(num_blocks=5, block_size=2)
     assert kv.allocate("a", 4)
