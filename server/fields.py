@@ -1,7 +1,7 @@
 """Which request fields this server serves, which it refuses, and which it ignores.
 
 A field OpenAI or vLLM defines that this server does not implement (`UNSUPPORTED`: the
-legacy `functions`, `suffix`, beam search, structural tags, priorities, `cache_salt`...)
+legacy `functions`, `suffix`, beam search, structural tags, priorities...)
 is a 400 naming it when it asks for anything but the default, and so is a sampler another
 server offers under its own name (`OTHER_SERVERS`: llama.cpp's
 `n_predict`, `repeat_penalty`, `typical_p`, `mirostat`..., TGI's `do_sample`), with the
@@ -46,8 +46,6 @@ UNSUPPORTED: dict[str, Check] = {
     "prompt_embeds": (_absent, "prompt_embeds is not supported here"),
     "priority": (_default(0), "requests are served first come, first served here "
                  "(no priority scheduling)"),
-    "cache_salt": (_absent, "the prefix cache is shared by every request here "
-                   "(no cache_salt)"),
     "logits_processors": (_absent, "logits processors are not supported here"),
     "kv_transfer_params": (_absent, "KV transfer (disaggregated serving) is not supported "
                            "here"),
@@ -117,6 +115,7 @@ SERVED = frozenset({
     "guided_grammar", "json_schema", "grammar",
     # a chat's tools (server.tools)
     "tools", "tool_choice",
+    "cache_salt",
     # accepted, with nothing to do: who asks, tags, hints, and what is so here anyway
     "user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls",
     "request_id", "spaces_between_special_tokens", "cache_prompt",

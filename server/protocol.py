@@ -12,7 +12,7 @@ true with `top_logprobs`), `echo` (completions), `prompt_logprobs`, `n` (1 to 16
 per prompt), `stream`, `stream_options.include_usage`; and vLLM's
 `stream_options.continuous_usage_stats`, `ignore_eos`, `min_tokens`, `stop_token_ids`,
 `allowed_token_ids`, `bad_words`, `include_stop_str_in_output`, `skip_special_tokens`,
-`truncate_prompt_tokens`, `return_tokens_as_token_ids`, `return_token_ids`,
+`truncate_prompt_tokens`, `return_tokens_as_token_ids`, `return_token_ids`, `cache_salt`,
 `chat_template_kwargs` (chat: extra variables for the model's chat template),
 `add_generation_prompt` and `continue_final_message` (chat: the template's switches, for
 an assistant's prefill); structured outputs under each name a client may use
@@ -298,6 +298,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
                               if body.get("allowed_token_ids") is not None else None),
         "include_stop_str_in_output": _bool(body, "include_stop_str_in_output", False),
         "skip_special_tokens": _bool(body, "skip_special_tokens", True),
+        "cache_salt": body.get("cache_salt"),  # SamplingParams checks it
     }
     fields["structured"], structured_param = structured.parse(body)
     try:

@@ -75,7 +75,6 @@ UNSUPPORTED = [
     (True, "stream_options.continuous_usage_stats", True),  # without include_usage
     # vLLM's, not implemented here
     (False, "priority", 5),
-    (True, "cache_salt", "tenant-a"),
     (False, "logits_processors", ["my.module:Processor"]),
     (True, "kv_transfer_params", {"do_remote_decode": True}),
     (False, "vllm_xargs", {"a": 1}),
@@ -750,6 +749,28 @@ def test_return_token_ids_gives_the_prompts_and_each_choices_ids_as_vllm(url, na
     plain = httpx.post(url + "/v1/completions", json=body | {"return_token_ids": False},
                        timeout=TIMEOUT_S).json()
     assert "token_ids" not in plain["choices"][0]
+
+
+@pytest.mark.model
+def test_a_cache_salt_shares_the_prefix_cache_only_within_its_tenant(url, name):
+    """vLLM's cache_salt: the same prompt again hits the prefix cache under the same salt
+    (usage.prompt_tokens_details.cached_tokens), and misses under another salt or none."""
+    prompt = "Salted prefix check: " + " ".join(f"w{i}" for i in range(60))
+
+    def cached(**salt) -> int:
+        r = httpx.post(url + "/v1/completions", json={"model": name, "prompt": prompt,
+                       "max_tokens": 1} | salt, timeout=TIMEOUT_S)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached(cache_salt="tenant-a") == 0
+    assert cached(cache_salt="tenant-a") > 0
+    assert cached(cache_salt="tenant-b") == 0
+    assert cached() == 0
+    assert cached() > 0  # the unsalted request's own blocks
+    r = httpx.post(url + "/v1/completions", json={"model": name, "prompt": "Hi",
+                   "cache_salt": ""}, timeout=TIMEOUT_S)
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "cache_salt")
 
 
 @pytest.mark.model
