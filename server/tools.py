@@ -56,12 +56,11 @@ class ToolPlan:
         answer was cut at max_tokens before its JSON closed)."""
         if self.name is not None:
             return [call(self.name, text)]
-        try:
-            listed = json.loads(text)
-        except json.JSONDecodeError:
+        try:  # the grammar makes it a list of calls; text past its end (ignore_eos) does not
+            return [call(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
+                    for c in json.loads(text)]
+        except (json.JSONDecodeError, KeyError, TypeError):
             return None
-        return [call(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
-                for c in listed]
 
     def _functions(self) -> list[dict[str, Any]]:
         return [t["function"] for t in self.tools]

@@ -57,6 +57,7 @@ def test_required_is_a_list_of_calls_to_any_tool():
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Rome", "unit": "F"})]
     assert req.tool_plan.calls('[{"name": "add", "param') is None  # cut at max_tokens
+    assert req.tool_plan.calls('[1, 2]') is None and req.tool_plan.calls('{"a": 1}') is None
 
 
 def test_none_shows_the_tools_to_the_template_and_answers_text():
