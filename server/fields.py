@@ -1,10 +1,10 @@
 """Which request fields this server serves, which it refuses, and which it ignores.
 
 A field OpenAI or vLLM defines that this server does not implement (`UNSUPPORTED`: the
-legacy `functions`, `suffix`, beam search, structural tags, priorities...)
-is a 400 naming it when it asks for anything but the default, and so is a sampler another
-server offers under its own name (`OTHER_SERVERS`: llama.cpp's
-`n_predict`, `repeat_penalty`, `typical_p`, `mirostat`..., TGI's `do_sample`), with the
+legacy `functions`, `suffix`, beam search, structural tags, priorities...) is a 400 naming
+it when it asks for anything but the default, and so is a sampler another server offers
+under its own name (`OTHER_SERVERS`: llama.cpp's `n_predict`, `repeat_penalty`,
+`typical_p`, `mirostat`..., TGI's `do_sample`), with the
 field to use here where there is one: a client written for llama.cpp's server learns that
 its `typical_p` does nothing here instead of reading answers it did not ask for. Any other
 field is ignored, as vLLM's server does (rejecting them broke OpenAI clients that send

@@ -52,8 +52,9 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "max_tool_calls": (lambda v: v is None, "tools are not supported here"),
     "service_tier": (lambda v: v in (None, "auto", "default"),
                      "service tiers are not offered here"),
-    "text": (lambda v: v is None or (isinstance(v, dict) and set(v) <= {"format"}),
-             "only text.format is offered here"),
+    "text": (lambda v: v is None or (isinstance(v, dict) and set(v) <= {"format", "verbosity"}
+                                     and v.get("verbosity") in (None, "medium")),
+             "only text.format (and the default verbosity) is offered here"),
 }
 # the Responses request's own fields: the rest of a body goes to the chat underneath it
 OWN = frozenset({"input", "instructions", "max_output_tokens", *UNSUPPORTED})

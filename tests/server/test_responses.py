@@ -49,6 +49,7 @@ def test_instructions_and_input_become_the_chats_messages():
     ({"input": "Hi", "text": {"format": {"type": "grammar"}}}, "text.format",
      "text.format.type must be text, json_object or json_schema"),
     ({"input": "Hi", "text": {"verbosity": "low"}}, "text", "only text.format"),
+    ({"input": "Hi", "text": {"stop": "x"}}, "text", "only text.format"),
     ({"input": "Hi", "background": True}, "background", "background"),
     ({"input": "Hi", "store": True}, "store", "responses are not stored here"),
     ({"input": "Hi", "top_logprobs": 2}, "top_logprobs", "/v1/chat/completions has them"),
@@ -73,6 +74,7 @@ def test_what_a_response_cannot_be_is_a_400_naming_the_responses_field(body, par
 
 def test_the_defaults_of_such_fields_are_accepted():
     for extra in ({"tools": []}, {"tool_choice": "auto"}, {"truncation": "disabled"},
+                  {"text": {"verbosity": "medium"}},
                   {"text": {"format": {"type": "text"}}}, {"service_tier": "auto"},
                   {"include": []}, {"background": False}, {"parallel_tool_calls": True}):
         assert responses.parse({"input": "Hi"} | extra, MODEL).ignored == ()
