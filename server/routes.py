@@ -770,6 +770,15 @@ def _whole_logprobs(req: GenerationRequest, out: RequestOutput,
     return protocol.completion_logprobs(ids, entries, texts.mark)
 
 
+def _unsent(items: Sequence[Any], sent: int, handle: RequestHandle, done: bool
+            ) -> tuple[list[Any], int]:
+    """A stream's per-token items not yet sent, past the first `sent`, and the new count:
+    up to the handle's token count while it runs (the engine appends a token's items
+    before counting the token), all of them once the choice is `done`."""
+    end = len(items) if done else min(handle.num_tokens, len(items))
+    return list(items[sent:end]), max(sent, end)
+
+
 class _StreamLogprobs:
     """The log-probabilities a stream owes one choice: those of the tokens made since the
     last chunk (the engine appends a token's entry before counting the token)."""
@@ -792,8 +801,7 @@ class _StreamLogprobs:
         if self.req.params.logprobs is None:
             return None
         entries = (out.logprobs or []) if out is not None else self.handle.token_logprobs
-        end = len(entries) if out is not None else min(self.handle.num_tokens, len(entries))
-        batch, self.sent = list(entries[self.sent:end]), max(self.sent, end)
+        batch, self.sent = _unsent(entries, self.sent, self.handle, out is not None)
         return self._shaped([e.token_id for e in batch], batch)
 
     def _shaped(self, ids: list[int], entries: list) -> dict[str, Any]:
@@ -830,13 +838,13 @@ class _StreamCalls:
     def __init__(self, plan: tools.ToolPlan | None) -> None:
         self.plan = plan if plan is not None and plan.forced else None
         self.opened = False
-        self.text = ""
+        self.seen = 0  # characters of the answer handed to `delta` so far
 
     def delta(self, text: str) -> list[dict[str, Any]] | None:
         """The deltas for new answer text (None: the text is plain content)."""
         if self.plan is None:
             return None
-        self.text += text
+        self.seen += len(text)
         if self.plan.name is None:
             return []
         args = {"arguments": text}
@@ -851,7 +859,7 @@ class _StreamCalls:
         list (none where max_tokens cut it)."""
         if self.plan is None:
             return None
-        rest = out.text[len(self.text):]
+        rest = out.text[self.seen:]
         if self.plan.name is not None:
             return self.delta(rest) if rest or not self.opened else None
         return [{"index": j} | c for j, c in enumerate(self.plan.calls(out.text) or [])]
@@ -884,8 +892,7 @@ class _StreamIds:
         if not self.req.return_token_ids:
             return {}
         made = out.token_ids if out is not None else self.handle.token_ids
-        end = len(made) if out is not None else min(self.handle.num_tokens, len(made))
-        batch, self.sent = list(made[self.sent:end]), max(self.sent, end)
+        batch, self.sent = _unsent(made, self.sent, self.handle, out is not None)
         return self.first() | {"token_ids": batch}
 
 
