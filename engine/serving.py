@@ -9,6 +9,7 @@ hand back streaming handles; workloads and pages speak only `ServingSide` and re
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -36,7 +37,6 @@ GIL_SWITCH_INTERVAL_S = float(os.environ.get("BATCHLENS_GIL_SWITCH_S", "0.0005")
 
 
 ALL_STEPS = float("-inf")
-_GRAMMARS_LOCK = threading.Lock()  # each side makes its grammar compiler once
 
 
 def busy_message(num_waiting: int) -> str:
@@ -168,17 +168,17 @@ class ServingBase:
         self._grammar(params)
         return token_ids
 
+    @functools.cached_property
+    def _grammars(self) -> Grammars:
+        """This side's grammar compiler (cheap until its first compile loads xgrammar)."""
+        return Grammars(self.loaded.tokenizer, self.loaded.model.arch.vocab_size,
+                        self.loaded.eos_token_ids)
+
     def _grammar(self, params: SamplingParams) -> Any:
         """The compiled grammar of `params.structured` (None without one)."""
         if params.structured is None:
             return None
-        with _GRAMMARS_LOCK:
-            grammars = self.__dict__.get("_grammars")
-            if grammars is None:
-                grammars = self._grammars = Grammars(
-                    self.loaded.tokenizer, self.loaded.model.arch.vocab_size,
-                    self.loaded.eos_token_ids)
-        return grammars.compile(params.structured)
+        return self._grammars.compile(params.structured)
 
     def _submit_many(
         self, prompts: list[Prompt], params: list[SamplingParams], ids: list[str | None]
