@@ -3,10 +3,11 @@
 A named `tool_choice` (`{"type": "function", "function": {"name": ...}}`) makes the
 answer that function's arguments: its `parameters` schema becomes a structured output,
 and the text comes back as one tool call. `tool_choice: "required"` makes it a JSON list
-of `{"name", "parameters"}` calls, one of the tools' schemas each, and each comes back as
-a tool call. "auto", OpenAI's default once tools are sent, needs a parser for the model's
-own tool-call format, which this server has not: a 400, as vLLM's server answers it
-without `--enable-auto-tool-choice`. "none" sends the tools to the chat template only.
+of `{"name", "parameters"}` calls, one of the tools' schemas each (one call in all with
+`parallel_tool_calls: false`), and each comes back as a tool call. "auto", OpenAI's
+default once tools are sent, needs a parser for the model's own tool-call format, which
+this server has not: a 400, as vLLM's server answers it without
+`--enable-auto-tool-choice`. "none" sends the tools to the chat template only.
 
 The tools also go to the chat template (`tools`), as vLLM sends them: a template that
 knows tools shows them to the model. Earlier turns may hold the assistant's tool calls
@@ -40,6 +41,7 @@ class ToolPlan:
     tools: tuple[dict[str, Any], ...]  # the tools, as sent
     forced: bool
     name: str | None = None
+    parallel: bool = True  # OpenAI's parallel_tool_calls: false holds "required" to one call
 
     def structured(self) -> StructuredOutput:
         """The answer's schema: the named function's parameters, or the list of calls."""
@@ -49,6 +51,8 @@ class ToolPlan:
                                                    "parameters": _parameters(f)},
                   "required": ["name", "parameters"]} for f in self._functions()]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if not self.parallel:
+            schema["maxItems"] = 1
         return StructuredOutput("json", json.dumps(schema))
 
     def calls(self, text: str) -> list[dict[str, Any]] | None:
@@ -95,7 +99,11 @@ def parse(body: Body) -> ToolPlan | None:
     if choice is None or choice == "auto":
         raise bad_request(AUTO_REFUSED, "tool_choice")
     if choice == "required":
-        return ToolPlan(checked, forced=True)
+        parallel = body.get("parallel_tool_calls")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise bad_request(f"parallel_tool_calls must be true or false, got "
+                              f"{shown(parallel)}", "parallel_tool_calls")
+        return ToolPlan(checked, forced=True, parallel=parallel is not False)
     name = _named(choice)
     if name not in {t["function"]["name"] for t in checked}:
         raise bad_request(f"tool_choice: no tool is named {name!r} (the tools are "

@@ -56,6 +56,10 @@ def test_required_is_a_list_of_calls_to_any_tool():
                                 '"unit": "F"}}]')
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Rome", "unit": "F"})]
+    assert "maxItems" not in schema  # parallel_tool_calls' default: as many as it makes
+    single = protocol.parse_chat(_chat(tools=[WEATHER, ADD], tool_choice="required",
+                                       parallel_tool_calls=False), MODEL)
+    assert json.loads(single.params.structured.spec)["maxItems"] == 1
     assert req.tool_plan.calls('[{"name": "add", "param') is None  # cut at max_tokens
     assert req.tool_plan.calls('[1, 2]') is None and req.tool_plan.calls('{"a": 1}') is None
 
@@ -81,6 +85,8 @@ def test_none_shows_the_tools_to_the_template_and_answers_text():
     ({"tools": [WEATHER, WEATHER], "tool_choice": "none"}, "tools", "two tools are named"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
       "tool_choice": "required"}, "tools", "parameters must be a JSON schema"),
+    ({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": "no"},
+     "parallel_tool_calls", "parallel_tool_calls must be true or false"),
     ({"tools": [WEATHER], "tool_choice": NAMED, "response_format": {"type": "json_object"}},
      "tool_choice", "cannot be combined with response_format"),
 ])
@@ -167,6 +173,16 @@ def test_streamed_calls_add_up_to_the_whole_answers(client, name):
         assert got == want and want
         for fn, args in want:
             assert fn in ("get_weather", "add") and isinstance(json.loads(args), dict)
+
+
+@pytest.mark.model
+def test_parallel_tool_calls_false_makes_required_one_call(client, name):
+    got = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Weather in Paris and Rome, and 2+3?"}],
+        tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False,
+        max_tokens=80, temperature=1.0, seed=2)
+    assert got.choices[0].finish_reason == "tool_calls"
+    assert len(got.choices[0].message.tool_calls) == 1
 
 
 @pytest.mark.model
