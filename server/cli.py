@@ -3,6 +3,7 @@
     batchlens serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-waiting N]
         [--requests-per-minute N] [--tokens-per-minute N] [engine flags]
         [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}']
+        [--chat-template FILE] [--enable-auto-tool-choice --tool-call-parser NAME]
 
 One engine is built at start (the model loads once) and serves every request; the API key
 comes from `--api-key` or the environment variable BATCHLENS_API_KEY (none: no auth;
@@ -20,6 +21,7 @@ import sys
 from typing import Any
 
 from engine.config import DEVICES, DTYPES, EngineConfig
+from server.tool_parsers import PARSERS
 
 PROG = "batchlens serve"
 API_KEY_ENV = "BATCHLENS_API_KEY"
@@ -47,6 +49,16 @@ def prefix(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("metrics prefix: ")) from None
 
 
+def template(value: str) -> str:
+    """`--chat-template`: a Jinja file, or the template itself (`protocol.read_chat_template`)."""
+    from server.protocol import read_chat_template
+
+    try:
+        return read_chat_template(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("chat template: ")) from None
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -66,6 +78,16 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--metrics-prefix", type=prefix, default="batchlens:", metavar="NAME",
                     help="what /metrics' names start with: vllm lets a dashboard built for "
                     "vLLM read them unmodified (default: batchlens)")
+    ap.add_argument("--chat-template", type=template, metavar="FILE",
+                    help="a Jinja chat template in place of the model's, as vLLM's flag "
+                    "(e.g. deploy/chat_templates/hermes_tools.jinja: tools for the bundled "
+                    "model)")
+    ap.add_argument("--enable-auto-tool-choice", action="store_true",
+                    help='serve tool_choice "auto" (the default once tools are sent): the '
+                    "model's own calls, found by --tool-call-parser")
+    ap.add_argument("--tool-call-parser", choices=PARSERS,
+                    help="the model's tool-call format (hermes: Hermes, Qwen2.5 and "
+                    "hermes_tools.jinja; llama3_json: Llama 3.1-3.3)")
     ap.add_argument("--log-level", default="info",
                     choices=("critical", "error", "warning", "info", "debug"))
     eng = ap.add_argument_group("engine")
@@ -157,6 +179,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Build the engine, then serve the API with uvicorn until interrupted."""
     ap = build_parser(prog)
     args = ap.parse_args(argv)
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        ap.error("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                 f"{', '.join(PARSERS)})")
     if not 1 <= args.port <= 65535:
         ap.error(f"--port must be in [1, 65535], got {args.port}")
     if (taken := unbindable(args.host, args.port)) is not None:
@@ -190,7 +215,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                             max_waiting=args.max_waiting,
                             requests_per_minute=args.requests_per_minute,
                             tokens_per_minute=args.tokens_per_minute,
-                            metrics=metrics_for(engine, args.metrics_prefix))
+                            metrics=metrics_for(engine, args.metrics_prefix),
+                            tool_parser=(args.tool_call_parser
+                                         if args.enable_auto_tool_choice else None),
+                            chat_template=args.chat_template)
         app = Starlette(routes=routes, middleware=cors_middleware(args.allowed_origins))
         uvicorn.run(app, host=args.host, port=args.port,
                     log_level=args.log_level, timeout_graceful_shutdown=5)

@@ -43,6 +43,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import GREEDY_EPS, SamplingParams
@@ -50,6 +51,7 @@ from engine.models.loaded import Prompt
 from server import structured, tools
 from server.errors import APIError, bad_request, error_body, shown
 from server.fields import check_supported, ignored_fields
+from server.tool_parsers import ToolParser
 
 if TYPE_CHECKING:
     from engine import TokenLogprob
@@ -158,13 +160,18 @@ def parse_completion(body: Body, model_name: str) -> GenerationRequest:
     return dataclasses.replace(req, ignored=ignored_fields(body, chat=False))
 
 
-def parse_chat(body: Body, model_name: str) -> GenerationRequest:
-    """Validate a /v1/chat/completions body (already parsed from JSON)."""
+def parse_chat(body: Body, model_name: str, *, tool_parser: ToolParser | None = None,
+               chat_template: str | None = None) -> GenerationRequest:
+    """Validate a /v1/chat/completions body (already parsed from JSON). The server's
+    `tool_parser` serves tool_choice "auto"; its `chat_template` (vLLM's
+    `--chat-template`) takes the place of the model's."""
     check_supported(body, chat=True)
-    plan = tools.parse(body)
-    req = _request(body, (parse_messages(body.get("messages")),), chat=True,
+    plan = tools.parse(body, tool_parser)
+    req = _request(body, (parse_messages(body.get("messages"), tool_parser),), chat=True,
                    max_tokens_fields=("max_completion_tokens", "max_tokens"))
     kwargs = template_kwargs(body.get("chat_template_kwargs")) | template_switches(body)
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
     if plan is not None:
         kwargs["tools"] = list(plan.tools)
     if plan is not None and plan.forced:
@@ -192,6 +199,27 @@ def template_switches(body: Body) -> dict[str, bool]:
                           "add_generation_prompt: false with it", "continue_final_message")
     return ({} if add else {"add_generation_prompt": False}) | (
         {"continue_final_message": True} if cont else {})
+
+
+def read_chat_template(value: str) -> str:
+    """vLLM's `--chat-template`: a Jinja file's text, or the template itself where `value`
+    is no file but reads as one; ValueError naming what is wrong (no such file, or the
+    template's syntax error with its line)."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ValueError(f"chat template: no such file {value!r} (a path to a Jinja "
+                         "file, or the template itself)")
+    import jinja2  # transformers' own dependency, for its chat templates
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"chat template: line {exc.lineno}: {exc.message}") from None
+    return text
 
 
 # apply_chat_template's own arguments and the variables it gives every template
@@ -389,9 +417,11 @@ def _one_prompt(prompt: Any, name: str) -> Prompt:
                       "(or prompt a list of those)", "prompt")
 
 
-def parse_messages(messages: Any) -> list[dict[str, str]]:
-    """Chat messages as {"role", "content"} with text content (text parts are joined);
-    a 400 naming `messages` otherwise."""
+def parse_messages(messages: Any, tool_parser: ToolParser | None = None
+                   ) -> list[dict[str, str]]:
+    """Chat messages as {"role", "content"} with text content (text parts are joined, an
+    assistant's earlier `tool_calls` added as text, in `tool_parser`'s format where there
+    is one); a 400 naming `messages` otherwise."""
     if messages is None:
         raise bad_request("messages is required", "messages")
     if not isinstance(messages, list):
@@ -408,7 +438,7 @@ def parse_messages(messages: Any) -> list[dict[str, str]]:
             if not isinstance(m["tool_calls"], list):
                 raise bad_request(f"messages[{i}].tool_calls must be a list of tool calls, "
                                   f"got {shown(m['tool_calls'])}", "messages")
-            content = "\n".join(t for t in (content, tools.history(m)) if t)
+            content = "\n".join(t for t in (content, tools.history(m, tool_parser)) if t)
         out.append({"role": check_unicode(m["role"], "messages"),
                     "content": check_unicode(content, "messages")})
     if not any(m["content"].strip() for m in out):
@@ -561,22 +591,20 @@ class Reply:
             obj = "chat.completion.chunk" if chunk else "chat.completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def choice(self, text: str, finish_reason: str, *, index: int = 0,
+    def choice(self, text: str | None, finish_reason: str, *, index: int = 0,
                logprobs: dict[str, Any] | None = None,
                token_ids: Sequence[int] | None = None,
                prompt_token_ids: Sequence[int] | None = None,
                tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """One choice of a whole response (a chat's: its text, or its `tool_calls`);
-        vLLM's `return_token_ids` adds its `token_ids` and, on completions, its prompt's
-        (a chat's are at the top level: `whole_of`)."""
+        """One choice of a whole response (a chat's: its text, None beside `tool_calls`
+        with no text before them); vLLM's `return_token_ids` adds its `token_ids` and,
+        on completions, its prompt's (a chat's are at the top level: `whole_of`)."""
         choice: dict[str, Any] = {"index": index}
-        if self.chat and tool_calls is not None:  # OpenAI's: no content beside the calls
-            choice["message"] = {"role": "assistant", "content": None,
-                                 "tool_calls": tool_calls}
-        elif self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text} | (
+                {} if tool_calls is None else {"tool_calls": tool_calls})
         else:
-            choice["text"] = text
+            choice["text"] = text or ""
         return choice | {"logprobs": logprobs, "finish_reason": finish_reason} | _ids(
             token_ids, None if self.chat else prompt_token_ids)
 
@@ -603,15 +631,14 @@ class Reply:
         one, the log-probabilities of the tokens it carries, (vLLM's continuous usage
         stats) the usage so far, and (vLLM's `return_token_ids`) the ids of the tokens it
         carries and, on the first, the prompt's: a chat's at the top level, as vLLM's.
-        A chat's `tool_calls` deltas take the place of its text."""
+        A chat's `tool_calls` deltas go beside its text."""
         choice: dict[str, Any] = {"index": index}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if tool_calls is not None:  # none yet (a list of calls not closed): no delta
-                if tool_calls:
-                    delta["tool_calls"] = tool_calls
-            elif text is not None:
+            if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice["delta"] = delta
         else:
             choice["text"] = text or ""

@@ -70,9 +70,11 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = ("user", "assistant", "system", "developer")
 
 
-def parse(body: Body, model_name: str) -> protocol.GenerationRequest:
+def parse(body: Body, model_name: str, chat_template: str | None = None
+          ) -> protocol.GenerationRequest:
     """Validate a /v1/responses body (already parsed from JSON) into the chat request it
-    is; a 400 names the field as the Responses API names it."""
+    is (`chat_template`: the server's, in place of the model's); a 400 names the field as
+    the Responses API names it."""
     for name, (fine, why) in UNSUPPORTED.items():
         if name in body and not fine(body[name]):
             raise bad_request(f"{name}: {why} (got {shown(body[name])})", name)
@@ -80,7 +82,7 @@ def parse(body: Body, model_name: str) -> protocol.GenerationRequest:
         "messages": _messages(body), "max_completion_tokens": body.get("max_output_tokens"),
         "response_format": _response_format(body)}
     try:
-        req = protocol.parse_chat(chat, model_name)
+        req = protocol.parse_chat(chat, model_name, chat_template=chat_template)
     except APIError as err:
         raise _renamed(err) from None
     unknown = {*req.ignored, *(k for k in body if k in CHAT_ONLY - OWN)}

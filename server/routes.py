@@ -71,7 +71,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.outputs import RequestHandle, RequestOutput
-from server import protocol, responses, tools
+from server import protocol, responses, tool_parsers, tools
 from server.errors import APIError, bad_request, busy, error_body
 from server.protocol import FINISH_REASONS, SSE_DONE, GenerationRequest, Reply, sse, sse_error
 from server.rate_limit import Charge, RateLimiter
@@ -96,7 +96,8 @@ class MetricsExporter(Protocol):
 def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
                api_key: str | Sequence[str] | None = None, max_waiting: int = 256,
                requests_per_minute: int | None = None, tokens_per_minute: int | None = None,
-               metrics: MetricsExporter | None = None) -> list[BaseRoute]:
+               metrics: MetricsExporter | None = None, tool_parser: str | None = None,
+               chat_template: str | None = None) -> list[BaseRoute]:
     """The API's routes. `get_engine` is called per request (in a worker thread: it may
     block while a shared engine is built); `model_name` is what clients send as `model`;
     with `api_key` (one key, or several), every /v1 route needs
@@ -104,12 +105,15 @@ def api_routes(get_engine: Callable[[], Engine], *, model_name: str,
     in the engine is refused with 429 "busy: N waiting"; `requests_per_minute` and
     `tokens_per_minute` (None: no limit) bound each key, or each client address where no
     key is configured; `metrics` (an object with `render() -> (body, content type)`) is
-    served at /metrics."""
+    served at /metrics; `tool_parser` (one of `tool_parsers.PARSERS`; None: tool_choice
+    "auto" is a 400) finds the model's own tool calls in its answers; `chat_template`
+    (Jinja text) takes the place of the model's chat template."""
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
         raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
     api = _API(get_engine, model_name, keys, max_waiting,
-               RateLimiter(requests_per_minute, tokens_per_minute))
+               RateLimiter(requests_per_minute, tokens_per_minute),
+               None if tool_parser is None else tool_parsers.get(tool_parser), chat_template)
     routes: list[BaseRoute] = [
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.model, methods=["GET"]),
@@ -195,8 +199,12 @@ class _API:
     """The endpoints, sharing the settings and one `HandleWatcher`."""
 
     def __init__(self, get_engine: Callable[[], Engine], model_name: str,
-                 api_keys: tuple[str, ...], max_waiting: int, limits: RateLimiter) -> None:
+                 api_keys: tuple[str, ...], max_waiting: int, limits: RateLimiter,
+                 tool_parser: tool_parsers.ToolParser | None, chat_template: str | None
+                 ) -> None:
         self.get_engine = get_engine
+        self.tool_parser = tool_parser
+        self.chat_template = chat_template
         self.model_name = model_name
         self.api_keys = tuple(k.encode() for k in api_keys if k)
         self.max_waiting = max_waiting
@@ -249,14 +257,16 @@ class _API:
 
     async def _chat_completions(self, request: Request) -> Response:
         key = self._authorize(request)
-        req = protocol.parse_chat(await _json_body(request), self.model_name)
+        req = protocol.parse_chat(await _json_body(request), self.model_name,
+                                  tool_parser=self.tool_parser,
+                                  chat_template=self.chat_template)
         return await self._generate(request, req, key)
 
     async def _responses(self, request: Request) -> Response:
         """OpenAI's Responses API over the chat underneath it (server/responses.py)."""
         key = self._authorize(request)
         body = await _json_body(request)
-        req = responses.parse(body, self.model_name)
+        req = responses.parse(body, self.model_name, self.chat_template)
         shape = responses.Shape.new(self.model_name, body)
         _, handles, close = await self._start(request, req, shape.id, key)
         if req.stream:
@@ -292,7 +302,8 @@ class _API:
         self._authorize(request)
         body = await _json_body(request)
         engine = await self._engine()
-        ids = await anyio.to_thread.run_sync(_tokenize, engine, body)
+        ids = await anyio.to_thread.run_sync(_tokenize, engine, body, self.chat_template,
+                                             self.tool_parser)
         protocol.check_model(body, self.model_name)
         out: dict[str, Any] = {"count": len(ids), "max_model_len": engine.max_model_len,
                                "tokens": ids, "token_strs": None}
@@ -345,12 +356,14 @@ class _API:
             if out.finish_reason not in FINISH_REASONS:
                 raise _failure(out)
         ids = req.return_token_ids
-        shaped = [reply.choice(_echo(req, i, texts) + out.text, _finish(req, out),
-                               index=i, logprobs=_whole_logprobs(req, out, texts),
-                               token_ids=out.token_ids if ids else None,
-                               prompt_token_ids=out.prompt_token_ids if ids else None,
-                               tool_calls=_calls(req, out))
-                  for i, out in enumerate(outs)]
+        shaped = []
+        for i, out in enumerate(outs):
+            content, calls = _answer(req, out)
+            shaped.append(reply.choice(
+                None if content is None else _echo(req, i, texts) + content,
+                _finish(req, out), index=i, logprobs=_whole_logprobs(req, out, texts),
+                token_ids=out.token_ids if ids else None,
+                prompt_token_ids=out.prompt_token_ids if ids else None, tool_calls=calls))
         extra: dict[str, Any] = {}
         if ids and req.chat:  # vLLM: the prompt's ids at the top level for chat
             extra["prompt_token_ids"] = list(outs[0].prompt_token_ids)
@@ -479,9 +492,9 @@ class _API:
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
                                           logprobs=logprobs[i].prompt(), usage=so_far(),
                                           **ids[i].first()))
-                deltas = calls[i].delta(text) if text else None
-                if text and deltas != []:  # [] : a list of calls still open, sent whole later
-                    yield sse(reply.chunk(text, index=i, logprobs=logprobs[i].new(),
+                content, deltas = calls[i].delta(text)
+                if content or deltas:  # else held: a call's text, sent as a call later
+                    yield sse(reply.chunk(content, index=i, logprobs=logprobs[i].new(),
                                           usage=so_far(), tool_calls=deltas, **ids[i].new()))
                 if not done:
                     continue
@@ -495,9 +508,10 @@ class _API:
                     yield sse(reply.chunk(_echo(req, i, texts), index=i,
                                           logprobs=logprobs[i].prompt(), usage=so_far(),
                                           **ids[i].first()))
-                yield sse(reply.chunk(None, _finish(req, out), index=i,
+                content, deltas = calls[i].end(out)
+                yield sse(reply.chunk(content or None, _finish(req, out), index=i,
                                       logprobs=logprobs[i].new(out), usage=so_far(),
-                                      tool_calls=calls[i].end(out), **ids[i].new(out)))
+                                      tool_calls=deltas, **ids[i].new(out)))
             if req.include_usage:
                 for handle in handles:  # a request ends just after its last choice
                     await self.watcher.wait_done(handle)
@@ -695,21 +709,22 @@ def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
                           sum(o.num_cached_tokens for o in outs))
 
 
-def _tokenize(engine: Engine, body: dict[str, Any]) -> list[int]:
+def _tokenize(engine: Engine, body: dict[str, Any], chat_template: str | None = None,
+              tool_parser: tool_parsers.ToolParser | None = None) -> list[int]:
     """POST /tokenize's token ids: a `prompt` as text, or `messages` through the chat
-    template (`add_generation_prompt`, default true; `continue_final_message`;
-    `chat_template_kwargs`), as vLLM's
-    server tokenizes them."""
+    template (the server's `chat_template`, else the model's; `add_generation_prompt`,
+    default true; `continue_final_message`; `chat_template_kwargs`; earlier tool calls
+    in `tool_parser`'s format), as vLLM's server tokenizes them."""
     special = protocol.flag(body, "add_special_tokens", "messages" not in body)
     tokenizer = engine.loaded.tokenizer
     if "messages" in body:
-        messages = protocol.parse_messages(body["messages"])
+        messages = protocol.parse_messages(body["messages"], tool_parser)
         kwargs = protocol.template_kwargs(body.get("chat_template_kwargs"))
         switches = protocol.template_switches(body)
         try:
             text = tokenizer.apply_chat_template(
                 messages, tokenize=False, **{"add_generation_prompt": True, **switches},
-                **kwargs)
+                **kwargs, **({} if chat_template is None else {"chat_template": chat_template}))
         except Exception as exc:  # a template's own error (jinja's), or a clash
             if not (kwargs or switches):
                 raise
@@ -812,57 +827,80 @@ class _StreamLogprobs:
         return shaped
 
 
-def _calls(req: GenerationRequest, out: RequestOutput) -> list[dict[str, Any]] | None:
-    """A forced tool call's answer as `tool_calls` (None: a text answer)."""
-    plan = req.tool_plan
-    if plan is None or not plan.forced:
-        return None
-    return plan.calls(out.text) or []
+def _answer(req: GenerationRequest, out: RequestOutput
+            ) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """A choice's content and tool calls (None: none): its text, or what its tools make
+    of it (`tools.ToolPlan.answer`)."""
+    if req.tool_plan is None:
+        return out.text, None
+    return req.tool_plan.answer(out.text)
 
 
 def _finish(req: GenerationRequest, out: RequestOutput) -> str:
-    """The finish reason as OpenAI gives it: "tool_calls" for a whole list of calls
-    (tool_choice "required"); a named call, forced, ends "stop"."""
+    """The finish reason as OpenAI gives it: "tool_calls" for an answer that stopped on
+    calls of the model's own ("auto") or a whole list of them ("required"); a named call,
+    forced, ends "stop"."""
     plan = req.tool_plan
-    if (plan is not None and plan.forced and plan.name is None
-            and out.finish_reason == "stop"):
+    if plan is None or out.finish_reason != "stop":
+        return out.finish_reason
+    if plan.forced and plan.name is None or not plan.forced and _answer(req, out)[1]:
         return "tool_calls"
     return out.finish_reason
 
 
 class _StreamCalls:
-    """A forced tool call streamed as OpenAI's `tool_calls` deltas: a named function's
-    arguments as they come (its name and id first); "required"'s list of calls whole at
-    the end, once its JSON has closed."""
+    """A choice's answer streamed as content and OpenAI's `tool_calls` deltas: plain text
+    as content; a named function's arguments as they come (its name and id first);
+    "required"'s list of calls whole at the end, once its JSON has closed; "auto"'s
+    content as its parser knows it, and each call whole once it has closed."""
 
     def __init__(self, plan: tools.ToolPlan | None) -> None:
-        self.plan = plan if plan is not None and plan.forced else None
+        self.plan = plan if plan is not None and (plan.forced or plan.parser) else None
         self.opened = False
-        self.seen = 0  # characters of the answer handed to `delta` so far
+        self.text = ""  # the answer handed to `delta` so far
+        self.sent = 0  # "auto": characters of its content sent
+        self.called = 0  # "auto": calls sent
 
-    def delta(self, text: str) -> list[dict[str, Any]] | None:
-        """The deltas for new answer text (None: the text is plain content)."""
+    def delta(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """The content and the call deltas to send for new answer text (None: none)."""
         if self.plan is None:
-            return None
-        self.seen += len(text)
-        if self.plan.name is None:
-            return []
-        args = {"arguments": text}
-        if self.opened:
-            return [{"index": 0, "function": args}]
-        self.opened = True
-        first = tools.call(self.plan.name, text)
-        return [{"index": 0} | first]
+            return text, None
+        self.text += text
+        if self.plan.parser is not None:
+            return self._found(self.plan, self.plan.parser, final=False)
+        if self.plan.name is None or not text:
+            return None, None
+        return None, self._arguments(self.plan.name, text)
 
-    def end(self, out: RequestOutput) -> list[dict[str, Any]] | None:
-        """The last deltas: the rest of a named call's arguments, or every call of the
-        list (none where max_tokens cut it)."""
+    def end(self, out: RequestOutput) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """The last content and deltas: the rest of a named call's arguments, every call
+        of the list (none where max_tokens cut it), or what "auto"'s parser settles."""
         if self.plan is None:
-            return None
-        rest = out.text[self.seen:]
+            return None, None
+        rest, self.text = out.text[len(self.text):], out.text
+        if self.plan.parser is not None:
+            return self._found(self.plan, self.plan.parser, final=True)
         if self.plan.name is not None:
-            return self.delta(rest) if rest or not self.opened else None
-        return [{"index": j} | c for j, c in enumerate(self.plan.calls(out.text) or [])]
+            return None, (self._arguments(self.plan.name, rest) if rest or not self.opened
+                          else None)
+        return None, [{"index": j} | c for j, c in enumerate(self.plan.calls(out.text) or [])]
+
+    def _arguments(self, name: str, text: str) -> list[dict[str, Any]]:
+        """A named call's delta: its name and id first, then more of its arguments."""
+        if self.opened:
+            return [{"index": 0, "function": {"arguments": text}}]
+        self.opened = True
+        return [{"index": 0} | tools.call(name, text)]
+
+    def _found(self, plan: tools.ToolPlan, parser: tool_parsers.ToolParser, final: bool
+               ) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """"auto": the content and the calls its parser has found since the last chunk."""
+        scan = parser.scan(self.text, final)
+        content, self.sent = scan.content[self.sent:], max(self.sent, len(scan.content))
+        new = plan.found(scan.calls, self.called)
+        deltas = [{"index": self.called + j} | c for j, c in enumerate(new)]
+        self.called += len(new)
+        return content or None, deltas or None
 
 
 class _StreamIds:

@@ -14,6 +14,10 @@ Settings, each from the environment or else Streamlit secrets (.streamlit/secret
                                                       the API from (env: commas; "" none)
     BATCHLENS_METRICS_PREFIX    metrics_prefix = "batchlens"   what /metrics' names start
                                                       with ("vllm" for vLLM's dashboards)
+    BATCHLENS_TOOL_CALL_PARSER  tool_call_parser = "hermes"   serves tool_choice "auto"
+                                                      with that parser (none: a 400)
+    BATCHLENS_CHAT_TEMPLATE     chat_template = "FILE"   a Jinja chat template in place
+                                                      of the model's, for the API
 
 /health and /metrics stay open.
 """
@@ -34,7 +38,9 @@ from starlette.routing import BaseRoute
 from engine import Engine
 from engine.models import loader
 from server.metrics import PREFIX, ServerMetrics, metrics_prefix
+from server.protocol import read_chat_template
 from server.routes import api_routes, cors_middleware
+from server.tool_parsers import PARSERS
 from ui import shared
 
 # The API's threads reach the shared engine through st.cache_resource outside any script
@@ -104,6 +110,30 @@ def prefix() -> str:
                          f"{str(exc).removeprefix('metrics prefix: ')}") from None
 
 
+def tool_parser() -> str | None:
+    """BATCHLENS_TOOL_CALL_PARSER, else `tool_call_parser` from Streamlit secrets, else
+    None (tool_choice "auto" is a 400); `ValueError` naming the parsers otherwise."""
+    value = _setting("BATCHLENS_TOOL_CALL_PARSER", "tool_call_parser")
+    if value is not None and value not in PARSERS:
+        raise ValueError(f"tool_call_parser ($BATCHLENS_TOOL_CALL_PARSER) must be one of "
+                         f"{', '.join(PARSERS)}, got {value!r}")
+    return value
+
+
+def chat_template() -> str | None:
+    """BATCHLENS_CHAT_TEMPLATE, else `chat_template` from Streamlit secrets: a Jinja file
+    (or the template itself) in place of the model's template for the API; `ValueError`
+    naming the setting where it cannot be read."""
+    value = _setting("BATCHLENS_CHAT_TEMPLATE", "chat_template")
+    if value is None:
+        return None
+    try:
+        return read_chat_template(str(value))
+    except ValueError as exc:
+        raise ValueError(f"chat_template ($BATCHLENS_CHAT_TEMPLATE): "
+                         f"{str(exc).removeprefix('chat template: ')}") from None
+
+
 def middleware() -> list[Middleware]:
     """CORS on the API's paths (not the pages'), from `allowed_origins()`."""
     return cors_middleware(allowed_origins())
@@ -120,7 +150,8 @@ def routes() -> list[BaseRoute]:
                                                  "api_requests_per_minute", None),
                       tokens_per_minute=_count("BATCHLENS_API_TPM", "api_tokens_per_minute",
                                                None),
-                      metrics=metrics)
+                      metrics=metrics, tool_parser=tool_parser(),
+                      chat_template=chat_template())
 
 
 @asynccontextmanager

@@ -61,9 +61,10 @@ class LoadedModel:
     def encode(self, prompt: Prompt,
                template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of a prompt; a chat gets the model's chat template, rendered with
-        `template_kwargs`: extra variables (vLLM's `chat_template_kwargs`) and the
+        `template_kwargs`: extra variables (vLLM's `chat_template_kwargs`), the
         template's own switches `add_generation_prompt` (default true) and
-        `continue_final_message`."""
+        `continue_final_message`, and `chat_template`: a template in place of the
+        model's."""
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt must not be empty")
@@ -99,14 +100,16 @@ class LoadedModel:
 
 def _asked(template_kwargs: Mapping[str, Any]) -> str:
     """The request field a chat template's failure is about: its extra variables, else the
-    tools, else the switch that was set."""
-    switches = ("add_generation_prompt", "continue_final_message", "tools")
+    tools, else the switch that was set, else (a server's own template) the messages."""
+    switches = ("add_generation_prompt", "continue_final_message", "tools", "chat_template")
     if any(k not in switches for k in template_kwargs):
         return "chat_template_kwargs"
     if "tools" in template_kwargs:
         return "tools"
-    return "continue_final_message" if "continue_final_message" in template_kwargs else (
-        "add_generation_prompt")
+    for switch in ("continue_final_message", "add_generation_prompt"):
+        if switch in template_kwargs:
+            return switch
+    return "messages"
 
 
 def freeze_heap() -> None:

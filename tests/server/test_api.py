@@ -370,6 +370,26 @@ def test_serve_takes_a_metrics_prefix_prometheus_accepts(capsys):
         assert "letters, digits and underscores" in capsys.readouterr().err
 
 
+def test_serve_takes_vllms_tool_and_template_flags(capsys, tmp_path):
+    args = build_parser().parse_args([])
+    assert not args.enable_auto_tool_choice and args.tool_call_parser is None
+    assert args.chat_template is None
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    args = build_parser().parse_args(["--enable-auto-tool-choice", "--tool-call-parser",
+                                      "hermes", "--chat-template", str(template)])
+    assert args.tool_call_parser == "hermes"
+    assert args.chat_template == "{{ messages[0]['content'] }}"
+    template.write_text("{% if %}")
+    for bad, words in ((["--tool-call-parser", "mistral"], "invalid choice"),
+                       (["--chat-template", str(template)], "line 1"),
+                       (["--chat-template", str(tmp_path / "none")], "no such file"),
+                       (["--enable-auto-tool-choice"], "needs --tool-call-parser")):
+        with pytest.raises(SystemExit):
+            serve_main(bad)
+        assert words in capsys.readouterr().err
+
+
 def test_no_engine_is_503():
     def no_engine():
         raise RuntimeError("still loading")

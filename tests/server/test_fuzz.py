@@ -2,7 +2,8 @@
 127.0.0.1: wrong types, huge, negative and non-finite numbers, odd and invalid Unicode
 (lone surrogates), deep nesting, missing and unknown fields, malformed JSON, oversized
 bodies. Every answer must be a 2xx or an OpenAI-shaped 4xx, within 5 s; never a 5xx, never
-an error event inside a stream.
+an error event inside a stream. The server has the hermes tool-call parser and its
+template, so tool_choice "auto" is fuzzed too.
 
 Bounded so it runs in well under a minute: 60 examples per endpoint; a `max_tokens` that
 would be served is 1-8 (numbers that would be served but run long, say 500, are left out:
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from polling import wait_for
 
 from engine import Engine, EngineConfig
+from server.protocol import read_chat_template
 from server.routes import MAX_BODY_BYTES, api_routes
 
 ANSWER_WITHIN_S = 5.0
@@ -101,7 +104,7 @@ FIELDS = {
     "tools": (st.just([{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]),
         WILD),
-    "tool_choice": (st.sampled_from(["none", "required",
+    "tool_choice": (st.sampled_from(["none", "required", "auto",
                                      {"type": "function", "function": {"name": "f"}}]), WILD),
     "return_token_ids": (st.booleans(), WILD),
 }
@@ -148,6 +151,8 @@ def bodies(draw, chat: bool) -> bytes:
 
 
 SERVED = ""  # the served model's name, set by the fixture
+# tools for the bundled model, so tool_choice "auto" runs through the hermes parser
+TOOLS_TEMPLATE = Path(__file__).parents[2] / "deploy" / "chat_templates" / "hermes_tools.jinja"
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +160,8 @@ def fuzz_server(loaded):
     global SERVED
     SERVED = loaded.name
     with Engine(EngineConfig(num_kv_blocks=128), loaded=loaded) as eng, \
-            serving(api_routes(lambda: eng, model_name=loaded.name)) as url, \
+            serving(api_routes(lambda: eng, model_name=loaded.name, tool_parser="hermes",
+                               chat_template=read_chat_template(str(TOOLS_TEMPLATE)))) as url, \
             httpx.Client(base_url=url, timeout=ANSWER_WITHIN_S + 1) as http:
         for path, body in [("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
                            ("/v1/chat/completions", {"max_tokens": 2, "stream": True,

@@ -122,14 +122,19 @@ def test_earlier_calls_and_tool_answers_reach_the_template_as_text():
             err.value.message)
 
 
-def test_tool_calls_take_the_place_of_content_on_the_wire():
+def test_tool_calls_go_beside_content_on_the_wire():
     reply = protocol.Reply.new(True, MODEL)
     calls = [tools.call("add", '{"a": 1, "b": 2}')]
-    whole = reply.choice("ignored", "tool_calls", tool_calls=calls)
+    whole = reply.choice(None, "tool_calls", tool_calls=calls)
     assert whole["message"] == {"role": "assistant", "content": None, "tool_calls": calls}
-    delta = reply.chunk("x", index=0, tool_calls=[{"index": 0} | calls[0]])
+    said = reply.choice("Adding.", "tool_calls", tool_calls=calls)
+    assert said["message"] == {"role": "assistant", "content": "Adding.", "tool_calls": calls}
+    delta = reply.chunk(None, index=0, tool_calls=[{"index": 0} | calls[0]])
     assert delta["choices"][0]["delta"] == {"tool_calls": [{"index": 0} | calls[0]]}
-    assert reply.chunk("x", tool_calls=[])["choices"][0]["delta"] == {}
+    both = reply.chunk("x", index=0, tool_calls=[{"index": 0} | calls[0]])
+    assert both["choices"][0]["delta"] == {"content": "x",
+                                           "tool_calls": [{"index": 0} | calls[0]]}
+    assert reply.chunk(None, tool_calls=[])["choices"][0]["delta"] == {}
 
 
 # ---- over HTTP, the official client against the bundled model ----------------------------

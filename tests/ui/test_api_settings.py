@@ -42,3 +42,23 @@ def test_a_metrics_prefix_prometheus_would_refuse_names_the_setting(monkeypatch)
     with pytest.raises(ValueError, match=r"metrics_prefix \(\$BATCHLENS_METRICS_PREFIX\): "
                                          r"letters, digits and underscores.*'9-lives'"):
         api.prefix()
+
+
+def test_the_tool_call_parser_and_chat_template_settings(monkeypatch, tmp_path):
+    monkeypatch.delenv("BATCHLENS_TOOL_CALL_PARSER", raising=False)
+    monkeypatch.delenv("BATCHLENS_CHAT_TEMPLATE", raising=False)
+    assert api.tool_parser() is None and api.chat_template() is None
+    monkeypatch.setenv("BATCHLENS_TOOL_CALL_PARSER", "hermes")
+    assert api.tool_parser() == "hermes"
+    monkeypatch.setenv("BATCHLENS_TOOL_CALL_PARSER", "mistral")
+    with pytest.raises(ValueError, match=r"tool_call_parser \(\$BATCHLENS_TOOL_CALL_PARSER\)"
+                                         r" must be one of hermes, llama3_json"):
+        api.tool_parser()
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    monkeypatch.setenv("BATCHLENS_CHAT_TEMPLATE", str(template))
+    assert api.chat_template() == "{{ messages[0]['content'] }}"
+    monkeypatch.setenv("BATCHLENS_CHAT_TEMPLATE", str(tmp_path / "none.jinja"))
+    with pytest.raises(ValueError, match=r"chat_template \(\$BATCHLENS_CHAT_TEMPLATE\): "
+                                         r"no such file"):
+        api.chat_template()
