@@ -33,7 +33,8 @@ Body = dict[str, Any]
 AUTO_REFUSED = ('tool_choice "auto" (the default once tools are sent) needs a parser for '
                 "the model's own tool-call format, which this server was not started with "
                 "(batchlens serve --enable-auto-tool-choice --tool-call-parser NAME, as "
-                "vLLM's): send tool_choice \"required\", a named function "
+                "vLLM's; the dashboard's tool_call_parser setting): send tool_choice "
+                "\"required\", a named function "
                 '({"type": "function", "function": {"name": ...}}) or "none"')
 
 

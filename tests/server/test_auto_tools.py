@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from http_server import serving
 
-from server import protocol, tool_parsers
+from server import protocol, responses, tool_parsers
 from server.errors import APIError
 from server.routes import api_routes
 
@@ -69,6 +70,8 @@ def test_an_auto_answer_is_its_content_and_its_calls():
 def test_the_servers_chat_template_replaces_the_models():
     req = protocol.parse_chat({"messages": ASK_ROME}, MODEL, chat_template="{{ 'x' }}")
     assert req.template_kwargs["chat_template"] == "{{ 'x' }}"
+    answer = responses.parse({"input": "Hi"}, MODEL, chat_template="{{ 'x' }}")
+    assert answer.template_kwargs["chat_template"] == "{{ 'x' }}"
     with pytest.raises(APIError) as err:  # a request cannot set it through the kwargs
         protocol.parse_chat({"messages": ASK_ROME,
                              "chat_template_kwargs": {"chat_template": "y"}}, MODEL)
@@ -156,3 +159,15 @@ def test_a_tool_loop_answers_after_the_tools_result(auto_client, name):
                                                  max_tokens=24, temperature=0)
     message = answer.choices[0].message
     assert message.content or message.tool_calls  # text, or another call: both parsed
+
+
+@pytest.mark.model
+def test_tokenize_renders_the_servers_template_and_the_parsers_history(auto_client):
+    base = str(auto_client.base_url).removesuffix("/").removesuffix("/v1")
+    turn = EXAMPLE + [{"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    ids = httpx.post(f"{base}/tokenize", json={"messages": turn}, timeout=30).json()
+    text = httpx.post(f"{base}/detokenize", json={"tokens": ids["tokens"]},
+                      timeout=30).json()["prompt"]
+    assert HERMES.history(EXAMPLE[1]["tool_calls"]) in text  # the earlier call, as hermes
+    assert "<tool_response>\n18 C\n</tool_response>" in text  # the server's template
+    assert text.endswith("<|im_start|>assistant\n")
