@@ -182,6 +182,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         ap.error("--enable-auto-tool-choice needs --tool-call-parser (one of "
                  f"{', '.join(PARSERS)})")
+    if args.tool_call_parser is not None and not args.enable_auto_tool_choice:
+        print(f"{prog}: --tool-call-parser serves tool_choice \"auto\" only with "
+              "--enable-auto-tool-choice, as vLLM's; without it \"auto\" is a 400",
+              file=sys.stderr, flush=True)
     if not 1 <= args.port <= 65535:
         ap.error(f"--port must be in [1, 65535], got {args.port}")
     if (taken := unbindable(args.host, args.port)) is not None:

@@ -388,6 +388,10 @@ def test_serve_takes_vllms_tool_and_template_flags(capsys, tmp_path):
         with pytest.raises(SystemExit):
             serve_main(bad)
         assert words in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a parser alone is said to serve nothing, then --port
+        serve_main(["--tool-call-parser", "hermes", "--port", "0"])
+    said = capsys.readouterr().err
+    assert "only with --enable-auto-tool-choice" in said and "--port must be" in said
 
 
 def test_no_engine_is_503():
