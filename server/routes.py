@@ -266,33 +266,43 @@ class _API:
         """OpenAI's Responses API over the chat underneath it (server/responses.py)."""
         key = self._authorize(request)
         body = await _json_body(request)
-        req = responses.parse(body, self.model_name, self.chat_template)
+        req = responses.parse(body, self.model_name, self.chat_template, self.tool_parser)
         shape = responses.Shape.new(self.model_name, body)
         _, handles, close = await self._start(request, req, shape.id, key)
         if req.stream:
-            return EventStream(self._response_events(handles[0], responses.Events(shape)),
+            events = responses.Events(shape, tools=req.tool_plan is not None)
+            return EventStream(self._response_events(handles[0], req, events),
                                on_close=close)
         await self._wait(request, handles, close)
         out = handles[0].result()
         if out.finish_reason not in FINISH_REASONS:
             raise _failure(out)
-        return JSONResponse(shape.whole(out.text, out.finish_reason, _usage([out])))
+        content, calls = _answer(req, out)
+        return JSONResponse(shape.whole(content, _finish(req, out), _usage([out]), calls))
 
-    async def _response_events(self, handle: RequestHandle, events: responses.Events
-                               ) -> AsyncIterator[str]:
-        """A Responses stream: opened, each new text a delta, closed with the response
-        and its usage; an engine error as an `error` event."""
+    async def _response_events(self, handle: RequestHandle, req: GenerationRequest,
+                               events: responses.Events) -> AsyncIterator[str]:
+        """A Responses stream: opened, each new text a delta (tool calls as their own
+        items), closed with the response and its usage; an engine error as an `error`
+        event."""
+        calls = _StreamCalls(req.tool_plan)
+
+        def said(content: str | None, deltas: list[dict[str, Any]] | None) -> list[str]:
+            return (events.delta(content) if content else []) + [
+                e for d in deltas or [] for e in events.call(d)]
+
         try:
             for event in events.opening():
                 yield event
             async for _, text, _ in self._progress([handle]):
-                if text:
-                    yield events.delta(text)
+                for event in said(*calls.delta(text)):
+                    yield event
             out = handle.result()
             if out.finish_reason not in FINISH_REASONS:
                 yield events.error(_failure(out))
                 return
-            for event in events.closing(out.finish_reason, _usage([out])):
+            for event in said(*calls.end(out)) + events.closing(_finish(req, out),
+                                                                _usage([out])):
                 yield event
         except Exception:
             log.exception("stream %s failed", events.shape.id)

@@ -171,3 +171,32 @@ def test_tokenize_renders_the_servers_template_and_the_parsers_history(auto_clie
     assert HERMES.history(EXAMPLE[1]["tool_calls"]) in text  # the earlier call, as hermes
     assert "<tool_response>\n18 C\n</tool_response>" in text  # the server's template
     assert text.endswith("<|im_start|>assistant\n")
+
+
+# the same example as Responses input items, and the tool as the Responses API writes it
+EXAMPLE_ITEMS = [{"role": "user", "content": "What is the weather in Paris?"},
+                 {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                  "arguments": '{"city": "Paris"}'},
+                 {"role": "user", "content": "What is the weather in Rome?"}]
+FLAT_WEATHER = {"type": "function"} | WEATHER["function"]
+
+
+@pytest.mark.model
+def test_the_responses_api_returns_the_models_own_call_whole_or_streamed(auto_client, name):
+    kwargs = dict(model=name, input=EXAMPLE_ITEMS, tools=[FLAT_WEATHER],
+                  max_output_tokens=48, temperature=0)
+    whole = auto_client.responses.create(**kwargs)
+    (call,) = whole.output
+    assert whole.status == "completed" and call.type == "function_call"
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Rome"}
+    with auto_client.responses.stream(**kwargs) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert "response.output_text.delta" not in kinds  # the call's raw text never shows
+    assert [(o.type, o.name, o.arguments) for o in final.output] == [
+        ("function_call", call.name, call.arguments)]
+    loop = auto_client.responses.create(**kwargs | {"input": EXAMPLE_ITEMS + [
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "18 C"}],
+        "max_output_tokens": 16})
+    assert loop.output and loop.output[0].type in ("message", "function_call")

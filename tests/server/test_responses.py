@@ -41,7 +41,21 @@ def test_instructions_and_input_become_the_chats_messages():
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
-    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}]}, "tools", "tools are"),
+    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools",
+     "tools[0]: only function tools are supported here, got web_search"),
+    ({"input": "Hi", "tools": [{"type": "function"}]}, "tools", "tools[0].name must be"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": [1]}]},
+     "tools", "tools[0].parameters must be a JSON schema"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}]}, "tool_choice",
+     "--tool-call-parser"),  # "auto", the default, on a server without a parser
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "function", "name": "g"}}, "tool_choice", "no tool is named 'g'"),
+    ({"input": "Hi", "tool_choice": {"type": "allowed_tools"}}, "tool_choice",
+     'tool_choice must be "none", "auto", "required" or'),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input",
+     "input[0].call_id must be a string"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}, "input",
+     "input[0].output must be a string or text parts"),
     ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id", "not stored"),
     ({"input": "Hi", "reasoning": {"effort": "low"}}, "reasoning", "does not reason"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format",
@@ -55,8 +69,9 @@ def test_instructions_and_input_become_the_chats_messages():
     ({"input": "Hi", "top_logprobs": 2}, "top_logprobs", "/v1/chat/completions has them"),
     ({}, "input", "input is required"),
     ({"input": []}, "input", "input must be a string or a list"),
-    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input",
-     "input[0]: only messages are supported here, got function_call_output"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input",
+     "input[0]: only messages, function calls and their outputs are supported here, got "
+     "reasoning"),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input",
      "input[0].content[0]: only text parts"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role must be one of"),
@@ -85,7 +100,7 @@ def test_a_streams_events_are_numbered_in_openais_order():
                                                           "max_output_tokens": 2}))
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
              "prompt_tokens_details": {"cached_tokens": 1}}
-    wire = [*events.opening(), events.delta("Hel"), events.delta("lo"),
+    wire = [*events.opening(), *events.delta("Hel"), *events.delta("lo"),
             *events.closing("length", usage)]
     parsed = [(e.split("\n")[0].removeprefix("event: "), json.loads(e.split("\n")[1][6:]))
               for e in wire]
@@ -103,6 +118,73 @@ def test_a_streams_events_are_numbered_in_openais_order():
     assert last["usage"] == {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5,
                              "input_tokens_details": {"cached_tokens": 1},
                              "output_tokens_details": {"reasoning_tokens": 0}}
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"], "additionalProperties": False}}
+NAMED = {"type": "function", "name": "get_weather"}
+
+
+def test_function_tools_and_earlier_calls_become_the_chats():
+    req = responses.parse({"input": [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather",
+         "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "18 C"},
+        {"type": "function_call_output", "call_id": "c2",
+         "output": [{"type": "input_text", "text": "21 C"}]}],
+        "tools": [WEATHER], "tool_choice": NAMED}, MODEL)
+    assert req.template_kwargs["tools"] == [{"type": "function", "function": {
+        k: WEATHER[k] for k in ("name", "description", "parameters")}}]
+    assert req.tool_plan.forced and req.tool_plan.name == "get_weather"
+    user, calls, first, second = req.prompts[0]
+    assert calls["role"] == "assistant"  # the two calls of one turn, as one message
+    assert calls["content"].count("get_weather") == 2 and "Rome" in calls["content"]
+    assert (first, second) == ({"role": "tool", "content": "18 C"},
+                               {"role": "tool", "content": "21 C"})
+
+
+def _wire(events: list[str]) -> list[tuple[str, dict]]:
+    return [(e.split("\n")[0].removeprefix("event: "), json.loads(e.split("\n")[1][6:]))
+            for e in events]
+
+
+def test_a_call_streams_as_its_own_item_after_any_text():
+    shape = responses.Shape.new(MODEL, {"input": "Hi", "tools": [WEATHER]})
+    events = responses.Events(shape, tools=True)
+    usage = {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": '}}
+    wire = _wire([*events.opening(), *events.delta("Let me see."), *events.call(call),
+                  *events.call({"index": 0, "function": {"arguments": '"Rome"}'}}),
+                  *events.closing("tool_calls", usage)])
+    assert [kind for kind, _ in wire] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert [d["sequence_number"] for _, d in wire] == list(range(len(wire)))
+    assert [d["output_index"] for kind, d in wire if "output_index" in d] == [0] * 6 + [1] * 5
+    done = wire[-1][1]["response"]
+    assert done["status"] == "completed" and done["tools"] == [WEATHER]
+    message, fc = done["output"]
+    assert message["content"][0]["text"] == "Let me see."
+    assert (fc["type"], fc["call_id"], fc["name"], fc["arguments"], fc["status"]) == (
+        "function_call", "call_1", "get_weather", '{"city": "Rome"}', "completed")
+    assert wire[-2][1]["item"] == fc and fc["id"].startswith("fc_")
+    # calls alone: no message at all; nothing at all: an empty message
+    alone = responses.Events(shape, tools=True)
+    wire = _wire([*alone.opening(), *alone.call(call), *alone.closing("tool_calls", usage)])
+    assert [o["type"] for o in wire[-1][1]["response"]["output"]] == ["function_call"]
+    empty = responses.Events(shape, tools=True)
+    wire = _wire([*empty.opening(), *empty.closing("stop", usage)])
+    assert [o["type"] for o in wire[-1][1]["response"]["output"]] == ["message"]
 
 
 def test_the_route_answers_a_bad_body_before_any_engine():
@@ -158,3 +240,23 @@ def test_the_sdk_sees_a_refused_field_as_a_400(name, client):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model=name, input="Hi", previous_response_id="resp_x")
     assert err.value.param == "previous_response_id"
+
+
+@pytest.mark.model
+def test_a_forced_function_call_comes_back_as_a_function_call_item(name, client):
+    """A named tool_choice: the answer is the function's arguments, whole or streamed
+    through the SDK's helper (greedy: the same call)."""
+    kwargs = dict(model=name, input="What is the weather in Paris?", tools=[WEATHER],
+                  tool_choice=NAMED, max_output_tokens=40, temperature=0)
+    whole = client.responses.create(**kwargs)
+    (call,) = whole.output
+    assert whole.status == "completed" and call.type == "function_call"
+    assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+    with client.responses.stream(**kwargs) as stream:
+        deltas = [e.delta for e in stream
+                  if e.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    (streamed,) = final.output
+    assert "".join(deltas) == streamed.arguments == call.arguments
+    required = client.responses.create(**kwargs | {"tool_choice": "required"})
+    assert [o.type for o in required.output] == ["function_call"] * len(required.output)
