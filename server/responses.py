@@ -302,7 +302,7 @@ class Shape:
         the function calls."""
         status = status_of(finish_reason)
         output = [] if text is None and calls else [self.message(text or "", status)]
-        output += [self.call(c, "completed") for c in calls or []]
+        output += [self.call(c, status) for c in calls or []]
         return self.response(status, output, finish_reason, usage)
 
 
@@ -413,7 +413,7 @@ class Events:
                    self.event("response.content_part.done", **where, content_index=0,
                               part=s.part(text))]
         else:
-            item = self.open["item"] | {"arguments": text, "status": "completed"}
+            item = self.open["item"] | {"arguments": text, "status": status}
             out = [self.event("response.function_call_arguments.done", **where,
                               arguments=text)]
         self.items.append(item)

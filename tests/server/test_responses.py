@@ -260,3 +260,6 @@ def test_a_forced_function_call_comes_back_as_a_function_call_item(name, client)
     assert "".join(deltas) == streamed.arguments == call.arguments
     required = client.responses.create(**kwargs | {"tool_choice": "required"})
     assert [o.type for o in required.output] == ["function_call"] * len(required.output)
+    cut = client.responses.create(**kwargs | {"max_output_tokens": 3})
+    assert cut.status == "incomplete" and [(o.type, o.status) for o in cut.output] == [
+        ("function_call", "incomplete")]
