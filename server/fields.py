@@ -78,7 +78,8 @@ CHAT_UNSUPPORTED: dict[str, Check] = {
     "suffix": (_absent, "only /v1/completions takes suffix, and it is not supported here"),
     "add_special_tokens": (lambda v: v is None or v is False,
                            "a chat's templated prompt gets no more special tokens here"),
-    "chat_template": (_absent, "the served model's own chat template is always used here"),
+    "chat_template": (_absent, "a request cannot set the chat template here: the server's "
+                      "is used (the model's, or batchlens serve --chat-template)"),
     "documents": (_absent, "documents for the chat template are not supported here"),
 }
 # samplers and limits other servers offer under their own names (llama.cpp's server, TGI)
