@@ -1,7 +1,7 @@
 """Which request fields this server serves, which it refuses, and which it ignores.
 
 A field OpenAI or vLLM defines that this server does not implement (`UNSUPPORTED`: the
-legacy `functions`, `suffix`, beam search, structural tags, priorities...) is a 400 naming
+legacy `functions`, `suffix`, structural tags, priorities...) is a 400 naming
 it when it asks for anything but the default, and so is a sampler another server offers
 under its own name (`OTHER_SERVERS`: llama.cpp's `n_predict`, `repeat_penalty`,
 `typical_p`, `mirostat`..., TGI's `do_sample`), with the
@@ -35,9 +35,6 @@ def _default(*values: Any) -> Callable[[Any], bool]:
 UNSUPPORTED: dict[str, Check] = {
     "functions": (_absent, "function calling is not supported here"),
     "function_call": (lambda v: _absent(v) or v == "none", "function calling is not supported here"),
-    "use_beam_search": (_absent, "beam search is not supported here"),
-    "length_penalty": (lambda v: v is None or v == 1, "length_penalty needs beam search, "
-                       "which is not supported here"),
     "guided_whitespace_pattern": (_absent, "a whitespace pattern for JSON is not supported "
                                   "here"),
     "guided_decoding_backend": (lambda v: v in (None, "", "auto", "xgrammar"),
@@ -116,7 +113,7 @@ SERVED = frozenset({
     "guided_grammar", "json_schema", "grammar",
     # a chat's tools (server.tools)
     "tools", "tool_choice",
-    "cache_salt",
+    "cache_salt", "use_beam_search", "length_penalty",
     # accepted, with nothing to do: who asks, tags, hints, and what is so here anyway
     "user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls",
     "request_id", "spaces_between_special_tokens", "cache_prompt",

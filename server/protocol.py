@@ -94,6 +94,8 @@ class GenerationRequest:
     bad_words: tuple[str, ...] = ()  # vLLM's: words the answer must not contain
     structured_param: str | None = None  # the field its structured output came from
     tool_plan: tools.ToolPlan | None = None  # chat: its tools and tool_choice
+    beam_search: bool = False  # vLLM's use_beam_search: `n` beams (server.beam)
+    length_penalty: float = 1.0  # beam search's ranking: log-probability / length ** this
 
     @property
     def prompt(self) -> Prompt:
@@ -174,6 +176,9 @@ def parse_chat(body: Body, model_name: str, *, tool_parser: ToolParser | None = 
         kwargs["chat_template"] = chat_template
     if plan is not None:
         kwargs["tools"] = list(plan.tools)
+    if plan is not None and (plan.forced or plan.parser) and req.beam_search:
+        raise bad_request("tool_choice: beam search answers text only; send tool_choice "
+                          '"none" with it', "tool_choice")
     if plan is not None and plan.forced:
         if req.params.structured is not None:
             raise bad_request(f"tool_choice: a forced tool call is a structured output of "
@@ -333,6 +338,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         params = SamplingParams(**fields)
     except ValueError as exc:
         raise engine_error(str(exc), chat=chat, max_tokens_param=max_tokens_param) from None
+    beam = _beam_search(body, params, chat, structured_param)
     truncate = _int(body, "truncate_prompt_tokens", None)
     if truncate is not None and truncate < 1 and truncate != -1:
         raise bad_request(f"truncate_prompt_tokens must be >= 1, or -1 for the context "
@@ -346,7 +352,54 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
                                  body, "return_tokens_as_token_ids", False),
                              return_token_ids=_bool(body, "return_token_ids", False),
                              bad_words=tuple(_words(body.get("bad_words"))),
-                             structured_param=structured_param)
+                             structured_param=structured_param,
+                             beam_search=beam is not None, length_penalty=beam or 1.0)
+
+
+# a beam search's sampling fields: each other one it cannot honour is a 400 naming it
+BEAM_FREE = frozenset({"max_tokens", "n", "temperature", "seed", "ignore_eos",
+                       "include_stop_str_in_output", "skip_special_tokens", "cache_salt"})
+BEAM_REFUSED_BODY = ("stream", "echo", "bad_words")
+
+
+def _beam_search(body: Body, params: SamplingParams, chat: bool,
+                 structured_param: str | None) -> float | None:
+    """vLLM's `use_beam_search` and its `length_penalty` (None: no beam search; else the
+    penalty); a 400 naming `length_penalty` without beam search, a width (`n`) past
+    `beam.MAX_WIDTH`, or any field the search cannot honour: it ranks beams by the model's
+    own log-probabilities, so samplers, penalties, biases, stop strings, structured
+    outputs and log-probabilities of its own have no place in it."""
+    on = _bool(body, "use_beam_search", False)
+    penalty = _number(body, "length_penalty", 1.0)
+    if not on:
+        if penalty != 1.0:
+            raise bad_request(f"length_penalty needs beam search (use_beam_search: true), "
+                              f"got {penalty}", "length_penalty")
+        return None
+    from server.beam import MAX_WIDTH
+
+    if params.n > MAX_WIDTH:
+        raise bad_request(f"n: beam search takes at most {MAX_WIDTH} beams, got {params.n}",
+                          "n")
+    temperature = body.get("temperature")
+    if temperature is not None and temperature not in (0, 1):
+        raise bad_request("temperature: beam search ranks the model's own log-probabilities, "
+                          f"which temperature does not change (got {shown(temperature)})",
+                          "temperature")
+    taken = [name for name in BEAM_REFUSED_BODY if not _unset(body.get(name))]
+    default = SamplingParams()
+    taken += [f.name for f in dataclasses.fields(SamplingParams)
+              if f.name not in BEAM_FREE and getattr(params, f.name) != getattr(default, f.name)]
+    if taken:
+        name = {"logprobs": "top_logprobs" if chat else "logprobs",
+                "structured": structured_param}.get(taken[0], taken[0])
+        raise bad_request(f"{name}: beam search does not take it here (use_beam_search "
+                          f"takes n, max_tokens, length_penalty and ignore_eos)", name)
+    return penalty
+
+
+def _unset(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == ""
 
 
 def _chat_logprobs(body: Body) -> int | None:

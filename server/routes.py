@@ -55,8 +55,9 @@ import hmac
 import json
 import logging
 import re
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from functools import wraps
+from functools import partial, wraps
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import TYPE_CHECKING, Any, Protocol
@@ -70,8 +71,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from engine.config import SamplingParams
 from engine.outputs import RequestHandle, RequestOutput
-from server import protocol, responses, tool_parsers, tools
+from server import beam, protocol, responses, tool_parsers, tools
 from server.errors import APIError, bad_request, busy, error_body
 from server.protocol import FINISH_REASONS, SSE_DONE, GenerationRequest, Reply, sse, sse_error
 from server.rate_limit import Charge, RateLimiter
@@ -280,6 +282,47 @@ class _API:
         content, calls = _answer(req, out)
         return JSONResponse(shape.whole(content, _finish(req, out), _usage([out]), calls))
 
+    async def _beam_search(self, request: Request, req: GenerationRequest,
+                           key: str | None) -> Response:
+        """vLLM's `use_beam_search`: each prompt's `n` best beams (`server.beam`), whole;
+        the client going away stops the search at the next step."""
+        _log_ignored(request, req)
+        engine = await self._engine()
+        checked, charge = await self._checked(request, engine, req, key)
+        ends = engine.loaded.eos_token_ids
+        gone, found = threading.Event(), []
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(_set_on_disconnect, request.receive, gone)
+                for token_ids, p in checked:
+                    found.append(await anyio.to_thread.run_sync(partial(
+                        beam.search, engine.submit_many, token_ids, p.n, p.max_tokens,
+                        req.length_penalty, frozenset() if p.ignore_eos else ends, gone,
+                        p.cache_salt)))
+                tasks.cancel_scope.cancel()
+        except beam.Cancelled:
+            return Response(status_code=499)  # nobody is there to read it
+        except beam.StepFailed as exc:
+            raise _failure(exc.out) from None
+        except RuntimeError as exc:  # shut down, or its loop stopped
+            raise APIError(503, f"the engine is not serving: {exc}") from None
+        finally:
+            if charge is not None:
+                charge.settle(sum(len(ids) + sum(len(b.token_ids) for b in beams)
+                                  for (ids, _), beams in zip(checked, found, strict=False)))
+        reply, tokenizer = Reply.new(req.chat, self.model_name), engine.loaded.tokenizer
+        show = req.return_token_ids
+        choices = [reply.choice(
+            tokenizer.decode(list(b.token_ids), skip_special_tokens=p.skip_special_tokens),
+            "stop" if b.finished else "length", index=i * p.n + j,
+            token_ids=b.token_ids if show else None, prompt_token_ids=prompt if show else None)
+            for i, ((prompt, p), beams) in enumerate(zip(checked, found, strict=True))
+            for j, b in enumerate(beams)]
+        made = sum(len(b.token_ids) for beams in found for b in beams)
+        usage = protocol.usage(sum(len(ids) for ids, _ in checked), made, 0)
+        extra = {"prompt_token_ids": checked[0][0]} if show and req.chat else {}
+        return JSONResponse(reply.whole_of(choices, usage, **extra))
+
     async def _response_events(self, handle: RequestHandle, req: GenerationRequest,
                                events: responses.Events) -> AsyncIterator[str]:
         """A Responses stream: opened, each new text a delta (tool calls as their own
@@ -353,6 +396,8 @@ class _API:
     # ---- generation ------------------------------------------------------------------
     async def _generate(self, request: Request, req: GenerationRequest,
                         key: str | None) -> Response:
+        if req.beam_search:
+            return await self._beam_search(request, req, key)
         reply = Reply.new(req.chat, self.model_name)
         engine, handles, close = await self._start(request, req, reply.id, key)
         choices = [c for h in handles for c in h.candidates]  # prompt i's n, in order
@@ -394,9 +439,7 @@ class _API:
         """Submit `req` (`_submit`): the engine, the requests' handles, and the close that
         cancels whatever has not finished (freeing its blocks) and settles the key's
         rate-limit charge with the tokens used."""
-        if req.ignored:  # as vLLM's server: accepted, and said where the operator reads
-            log.warning("%s: fields ignored (unknown here): %s", request.url.path,
-                        ", ".join(req.ignored))
+        _log_ignored(request, req)
         engine = await self._engine()
         handles, charge = await self._submit(request, engine, req, request_id, key)
 
@@ -424,9 +467,32 @@ class _API:
     async def _submit(self, request: Request, engine: Engine, req: GenerationRequest,
                       request_id: str, key: str | None
                       ) -> tuple[list[RequestHandle], Charge | None]:
+        """Check and charge the request (`_checked`), then submit every prompt (a list of
+        prompts is refused whole or run whole)."""
+        checked, charge = await self._checked(request, engine, req, key)
+        handles: list[RequestHandle] = []
+        try:
+            for i, (token_ids, params) in enumerate(checked):
+                rid = request_id if len(checked) == 1 else f"{request_id}-{i}"
+                handles.append(engine.submit(token_ids, params, rid))
+            return handles, charge
+        except BaseException as exc:
+            for handle in handles:
+                handle.cancel()
+            if charge is not None:
+                charge.settle(0)
+            if isinstance(exc, ValueError):
+                raise req.error(str(exc)) from None
+            if isinstance(exc, RuntimeError):  # shut down, or its loop stopped
+                raise APIError(503, f"the engine is not serving: {exc}") from None
+            raise
+
+    async def _checked(self, request: Request, engine: Engine, req: GenerationRequest,
+                       key: str | None
+                       ) -> tuple[list[tuple[list[int], SamplingParams]], Charge | None]:
         """Check the queue, encode every prompt (in a worker thread), fit a default
-        max_tokens, check them all, charge the key's rate limits, then submit them all
-        (a list of prompts is refused whole or run whole)."""
+        max_tokens, check them all and charge the key's rate limits: each prompt's token
+        ids and parameters."""
         waiting = engine.stats(steps_after=None).num_waiting
         if waiting >= self.max_waiting:
             raise busy(waiting, BUSY_RETRY_AFTER_S)
@@ -454,22 +520,7 @@ class _API:
             ident = key if key is not None else f"client {_client_host(request)}"
             charge = self.limits.admit(
                 ident, sum(len(ids) + p.n * p.max_tokens for ids, p in checked), who)
-        handles: list[RequestHandle] = []
-        try:
-            for i, (token_ids, params) in enumerate(checked):
-                rid = request_id if len(checked) == 1 else f"{request_id}-{i}"
-                handles.append(engine.submit(token_ids, params, rid))
-            return handles, charge
-        except BaseException as exc:
-            for handle in handles:
-                handle.cancel()
-            if charge is not None:
-                charge.settle(0)
-            if isinstance(exc, ValueError):
-                raise req.error(str(exc)) from None
-            if isinstance(exc, RuntimeError):  # shut down, or its loop stopped
-                raise APIError(503, f"the engine is not serving: {exc}") from None
-            raise
+        return checked, charge
 
     async def _events(self, handles: list[RequestHandle], choices: list[RequestHandle],
                       req: GenerationRequest, reply: Reply, texts: TokenText
@@ -664,6 +715,21 @@ class EventStream(StreamingResponse):
                 tasks.cancel_scope.cancel()
         finally:
             self._on_close()
+
+
+def _log_ignored(request: Request, req: GenerationRequest) -> None:
+    """As vLLM's server: fields unknown here are accepted, and named where the operator
+    reads."""
+    if req.ignored:
+        log.warning("%s: fields ignored (unknown here): %s", request.url.path,
+                    ", ".join(req.ignored))
+
+
+async def _set_on_disconnect(receive: Receive, gone: threading.Event) -> None:
+    """Set `gone` once the client disconnects (the body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 async def _cancel_on_disconnect(receive: Receive, handles: list[RequestHandle]) -> None:

@@ -55,7 +55,6 @@ UNSUPPORTED = [
     (True, "response_format", {"type": "structural_tag", "format": {}}),
     (False, "suffix", "the end"),
     (False, "best_of", 2),
-    (False, "use_beam_search", True),
     (False, "length_penalty", 0.5),
     (True, "structured_outputs", {"json": {"type": "object"}, "whitespace_pattern": " "}),
     (False, "guided_whitespace_pattern", "[ ]?"),
