@@ -107,6 +107,8 @@ FIELDS = {
     "tool_choice": (st.sampled_from(["none", "required", "auto",
                                      {"type": "function", "function": {"name": "f"}}]), WILD),
     "return_token_ids": (st.booleans(), WILD),
+    "use_beam_search": (st.booleans(), WILD),
+    "length_penalty": (st.floats(-1, 2), WILD),
 }
 PROMPTS = {"prompt": (st.one_of(TEXT, TOKEN_IDS),
                       st.one_of(WILD, WILD_TEXT, st.lists(st.integers(-5, 10**6), max_size=5),
