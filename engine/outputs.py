@@ -42,6 +42,7 @@ class RequestOutput:
     num_drafts: int = 0  # speculative decoding: steps that verified drafts
     num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0  # drafts accepted
+    accepted_per_position: tuple[int, ...] = ()  # [i]: drafts accepted at draft position i
     max_tokens: int | None = None  # the request's `SamplingParams.max_tokens`
     logprobs: list[TokenLogprob] | None = None  # one per output token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, when asked
@@ -206,6 +207,7 @@ def make_output(
         num_drafts=seq.num_drafts,
         num_draft_tokens=seq.num_draft_tokens,
         num_accepted_tokens=seq.num_accepted_tokens,
+        accepted_per_position=tuple(seq.accepted_per_position),
         max_tokens=seq.params.max_tokens,
         logprobs=list(seq.logprobs) if p.logprobs is not None else None,
         prompt_logprobs=list(seq.prompt_logprobs) if p.prompt_logprobs is not None else None,

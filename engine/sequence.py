@@ -67,6 +67,7 @@ class Sequence:
     num_drafts: int = 0  # steps that verified drafts of this request
     num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0  # of those, accepted
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts i accepted
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     siblings: list[Sequence] = field(default_factory=list)  # candidates not forked yet

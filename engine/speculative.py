@@ -232,6 +232,10 @@ def append_verified(
     seq.num_drafts += 1
     seq.num_draft_tokens += len(seq.spec_token_ids)
     seq.num_accepted_tokens += accepted
+    counts = seq.accepted_per_position
+    counts.extend([0] * (accepted - len(counts)))
+    for i in range(accepted):  # drafts are accepted in order: positions 0 .. accepted - 1
+        counts[i] += 1
     seq.spec_token_ids = []
     verified = seq.num_tokens + accepted
     reason = None

@@ -142,6 +142,8 @@ class _Series:
         self.spec_drafts = child(m.spec_drafts)
         self.spec_draft_tokens = child(m.spec_draft_tokens)
         self.spec_accepted_tokens = child(m.spec_accepted_tokens)
+        self.spec_accepted_at: dict[int, Any] = {}  # draft position -> its child
+        self._accepted_per_pos = lambda i: m.spec_accepted_per_pos.labels(name, str(i))
         self.success = {label: m.request_success.labels(name, label)
                         for label in dict.fromkeys(FINISHED_REASONS.values())}
         self.ttft, self.itl, self.tpot = child(m.ttft), child(m.itl), child(m.tpot)
@@ -169,6 +171,8 @@ class _Series:
                 self.spec_drafts.inc(a.num_drafts)
                 self.spec_draft_tokens.inc(a.num_draft_tokens)
                 self.spec_accepted_tokens.inc(a.num_accepted_tokens)
+                for i, accepted in enumerate(a.accepted_per_position):
+                    self.accepted_at(i).inc(accepted)
         self._record_shape(out)
         if out.metrics.queue_time is not None:  # scheduled: prefilled and looked up
             self._record_prefill(out)
@@ -216,6 +220,12 @@ class _Series:
         if m.first_scheduled_time is not None:
             self.prefill_time.observe(first - m.first_scheduled_time)
             self.inference_time.observe(last - m.first_scheduled_time)
+
+    def accepted_at(self, position: int) -> Any:
+        """The accepted-drafts counter of one draft position (made once)."""
+        if position not in self.spec_accepted_at:
+            self.spec_accepted_at[position] = self._accepted_per_pos(position)
+        return self.spec_accepted_at[position]
 
     def record_step(self, step: StepStats) -> None:
         """One engine step: vLLM's prompt + generation tokens of the iteration (a
@@ -379,6 +389,9 @@ class ServerMetrics:
         self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens",
                                             "Number of accepted tokens.")
+        self.spec_accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.", "position")
         self.request_success = counter("request_success",
                                        "Count of successfully processed requests.",
                                        "finished_reason")
@@ -435,6 +448,9 @@ class ServerMetrics:
                 self.sized = _SizedHistograms(self.registry, self.prefix, engine.max_model_len,
                                               engine.config.max_num_batched_tokens)
         series = self._series_for(self.model_name or engine.loaded.name)
+        if engine.config.speculative is not None:  # vLLM's: every position, from zero
+            for i in range(engine.config.num_speculative_tokens):
+                series.accepted_at(i)
         engine.add_finish_listener(lambda out: self._safely(series.record, out))
         engine.add_step_listener(lambda step: self._safely(series.record_step, step))
 

@@ -128,6 +128,10 @@ def test_speculative_greedy_matches_transformers(loaded, prompts, reference, cas
     spec_decode = stats.spec_decode
     assert spec_decode.num_draft_tokens > spec_decode.num_accepted_tokens > 0  # accepted and rolled back
     assert sum(o.num_accepted_tokens for o in outs) == spec_decode.num_accepted_tokens
+    for o in outs:  # by draft position: each accepted draft once, later ones no more often
+        assert sum(o.accepted_per_position) == o.num_accepted_tokens
+        assert list(o.accepted_per_position) == sorted(o.accepted_per_position, reverse=True)
+        assert len(o.accepted_per_position) <= SPEC["num_speculative_tokens"]
     assert stats.kv.used_blocks == 0
     if case == "preemption":
         assert stats.num_preemptions > 0

@@ -56,11 +56,14 @@ class StandInEngine:
 
     def __init__(self, name: str = MODEL, stats: ServingStats | None = None,
                  max_model_len: int = MAX_MODEL_LEN,
-                 max_num_batched_tokens: int = MAX_BATCHED) -> None:
+                 max_num_batched_tokens: int = MAX_BATCHED,
+                 speculative_tokens: int | None = None) -> None:
         self.loaded = SimpleNamespace(name=name)
         self.max_model_len = max_model_len
         self.config = SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_prefix_caching=True)
+                                      enable_prefix_caching=True,
+                                      speculative="ngram" if speculative_tokens else None,
+                                      num_speculative_tokens=speculative_tokens or 4)
         self.current = stats or serving_stats()
         self.listeners: list = []
         self.step_listeners: list = []
@@ -184,12 +187,25 @@ def test_speculative_decoding_counters_are_vllms_and_sum_the_requests(engine, me
     assert value(scrape(metrics), "spec_decode_num_drafts_total") == 0  # at zero while off
     a, b, plain = output(tokens=9), output(tokens=5), output(tokens=3)
     a.num_drafts, a.num_draft_tokens, a.num_accepted_tokens = 4, 16, 11
+    a.accepted_per_position = (4, 4, 2, 1)
     b.num_drafts, b.num_draft_tokens, b.num_accepted_tokens = 2, 5, 0
     engine.finish(a, b, plain)
     s = scrape(metrics)
     assert value(s, "spec_decode_num_drafts_total") == 6
     assert value(s, "spec_decode_num_draft_tokens_total") == 21
     assert value(s, "spec_decode_num_accepted_tokens_total") == 11
+    assert [value(s, "spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+            for i in range(4)] == [4, 4, 2, 1]
+
+
+def test_accepted_drafts_per_position_start_at_zero_for_every_position():
+    engine = StandInEngine(speculative_tokens=3)
+    metrics = ServerMetrics(lambda: engine)
+    metrics.watch(engine)
+    s = scrape(metrics)
+    assert [value(s, "spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+            for i in range(3)] == [0, 0, 0]
+    assert not [k for k in s if dict(k[1]).get("position") == "3"]
 
 
 def test_a_request_never_scheduled_counts_no_prompt_and_hits_never_exceed_the_prompt(
@@ -484,12 +500,20 @@ def test_real_engine_exports_its_speculative_decoding_counters(loaded):
         metrics = ServerMetrics(lambda: engine)
         metrics.watch(engine)
         text = "one two three four five six seven eight"
-        outs = engine.generate([f"Repeat exactly: {text}. Again: {text}."],
-                               SamplingParams(max_tokens=16))
-        wait_for(lambda: value(scrape(metrics), "request_success_total", model=loaded.name,
-                               finished_reason=outs[0].finish_reason) == 1, timeout=10)
+        outs = engine.generate([f"Repeat exactly: {text}. Again: {text}.",
+                                "Count from one to twenty: one, two, three, four,"],
+                               SamplingParams(max_tokens=32))
+        wait_for(lambda: sum(value(scrape(metrics), "request_success_total",
+                                   model=loaded.name, finished_reason=r)
+                             for r in ("stop", "length")) == 2, timeout=10)
         s, spec_decode = scrape(metrics), engine.stats().spec_decode
-    assert spec_decode.num_drafts > 0 and outs[0].num_drafts == spec_decode.num_drafts
+    assert spec_decode.num_drafts > 0 and sum(o.num_drafts for o in outs) == (
+        spec_decode.num_drafts)
+    per_position = [value(s, "spec_decode_num_accepted_tokens_per_pos_total",
+                          model=loaded.name, position=str(i))
+                    for i in range(config.num_speculative_tokens)]
+    assert sum(per_position) == spec_decode.num_accepted_tokens > 0
+    assert per_position == sorted(per_position, reverse=True)  # a draft needs those before it
     assert (value(s, "spec_decode_num_drafts_total", model=loaded.name),
             value(s, "spec_decode_num_draft_tokens_total", model=loaded.name),
             value(s, "spec_decode_num_accepted_tokens_total", model=loaded.name)) == (
