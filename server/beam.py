@@ -55,12 +55,12 @@ Submit = Callable[[list[list[int]], list[SamplingParams]], list[RequestHandle]]
 
 def search(submit: Submit, prompt_ids: Sequence[int], width: int, max_tokens: int,
            length_penalty: float = 1.0, end_ids: frozenset[int] = frozenset(),
-           cancelled: threading.Event | None = None, cache_salt: str | None = None,
-           on_step: Callable[[int], None] | None = None) -> list[Beam]:
+           cancelled: threading.Event | None = None, cache_salt: str | None = None
+           ) -> list[Beam]:
     """The `width` best beams after `max_tokens` steps (fewer where every beam finished
     early), best first. `submit` queues requests at one moment (`Engine.submit_many`);
     `end_ids` finish a beam (empty: `ignore_eos`); `cancelled` set stops the search
-    between steps (`Cancelled`); `on_step` hears the tokens each step computed."""
+    between steps (`Cancelled`)."""
     if not 1 <= width <= MAX_WIDTH:
         raise ValueError(f"beam width (n) must be in [1, {MAX_WIDTH}], got {width}")
     params = SamplingParams(max_tokens=1, logprobs=2 * width, ignore_eos=True,
@@ -76,8 +76,6 @@ def search(submit: Submit, prompt_ids: Sequence[int], width: int, max_tokens: in
             raise Cancelled
         handles = submit([prompt + list(b.token_ids) for b in beams], [params] * len(beams))
         outs = [h.result() for h in handles]
-        if on_step is not None:
-            on_step(sum(len(o.prompt_token_ids) + len(o.token_ids) for o in outs))
         grown = []
         for beam, out in zip(beams, outs, strict=True):
             for token, logprob in _top(out):

@@ -291,25 +291,31 @@ class _API:
         checked, charge = await self._checked(request, engine, req, key)
         ends = engine.loaded.eos_token_ids
         gone, found = threading.Event(), []
+        failed: Exception | None = None
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_set_on_disconnect, request.receive, gone)
-                for token_ids, p in checked:
-                    found.append(await anyio.to_thread.run_sync(partial(
-                        beam.search, engine.submit_many, token_ids, p.n, p.max_tokens,
-                        req.length_penalty, frozenset() if p.ignore_eos else ends, gone,
-                        p.cache_salt)))
+                try:  # caught here: the task group would wrap it in an ExceptionGroup
+                    for token_ids, p in checked:
+                        found.append(await anyio.to_thread.run_sync(partial(
+                            beam.search, engine.submit_many, token_ids, p.n, p.max_tokens,
+                            req.length_penalty, frozenset() if p.ignore_eos else ends, gone,
+                            p.cache_salt)))
+                except (beam.Cancelled, beam.StepFailed, ValueError, RuntimeError) as exc:
+                    failed = exc
                 tasks.cancel_scope.cancel()
-        except beam.Cancelled:
-            return Response(status_code=499)  # nobody is there to read it
-        except beam.StepFailed as exc:
-            raise _failure(exc.out) from None
-        except RuntimeError as exc:  # shut down, or its loop stopped
-            raise APIError(503, f"the engine is not serving: {exc}") from None
         finally:
             if charge is not None:
                 charge.settle(sum(len(ids) + sum(len(b.token_ids) for b in beams)
                                   for (ids, _), beams in zip(checked, found, strict=False)))
+        if isinstance(failed, beam.Cancelled):
+            return Response(status_code=499)  # nobody is there to read it
+        if isinstance(failed, beam.StepFailed):
+            raise _failure(failed.out)
+        if isinstance(failed, ValueError):  # a beam the engine refused
+            raise req.error(str(failed))
+        if failed is not None:  # shut down, or its loop stopped
+            raise APIError(503, f"the engine is not serving: {failed}")
         reply, tokenizer = Reply.new(req.chat, self.model_name), engine.loaded.tokenizer
         show = req.return_token_ids
         choices = [reply.choice(

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import httpx
 import pytest
 import torch
+from http_server import serving
 from polling import wait_for
 
+from engine import Engine, EngineConfig
 from engine.outputs import RequestOutput
 from engine.sequence import TokenLogprob
 from server import beam, protocol
 from server.errors import APIError
+from server.routes import api_routes
 
 MODEL = "stub-model"
 END = 0  # the stand-in's end-of-text token
@@ -92,8 +96,6 @@ def test_a_narrow_beam_keeps_the_best_of_each_step_and_ignore_eos_runs_on():
 
 
 def test_a_search_stops_between_steps_once_cancelled():
-    import threading
-
     gone = threading.Event()
     gone.set()
     with pytest.raises(beam.Cancelled):
@@ -210,3 +212,32 @@ def test_a_client_gone_mid_search_stops_it_and_frees_every_block(url, name, api_
 
     wait_for(stopped, 60, "the beam search went on after its client left")
     assert stats().num_running == 0 and stats().kv.used_blocks == 0
+
+
+@pytest.mark.model
+def test_an_engine_shut_down_mid_search_is_a_503(loaded):
+    """The search's step requests end cancelled (or the engine refuses the next step):
+    the client gets a 503 naming the engine, not a 500."""
+    engine = Engine(EngineConfig(device="cpu", dtype="float32", num_kv_blocks=128),
+                    loaded=loaded)
+    try:
+        with serving(api_routes(lambda: engine, model_name=loaded.name)) as url:
+            answer: dict = {}
+
+            def ask() -> None:
+                answer["r"] = httpx.post(f"{url}/v1/completions", json={
+                    "prompt": "Tell me a long story.", "max_tokens": 2000, "n": 4,
+                    "use_beam_search": True, "ignore_eos": True}, timeout=60)
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            wait_for(lambda: engine.stats(steps_after=None).num_steps > 3, 30,
+                     "the search never stepped")
+            engine.shutdown()
+            asking.join(60)
+        r = answer["r"]
+        assert r.status_code == 503, r.text
+        assert "not serving" in r.json()["error"]["message"] or "cancelled" in (
+            r.json()["error"]["message"])
+    finally:
+        engine.shutdown()
