@@ -170,10 +170,13 @@ def played(page) -> str | None:
 
 
 def users_in_race(page) -> str:
-    """The datacenter panel's "Finished" figure, e.g. "0/32"."""
-    metric = page.locator(".st-key-side-datacenter [data-testid='stMetric']").filter(
-        has_text="Finished")
-    return metric.locator(METRIC_VALUE).inner_text()
+    """The datacenter panel's "Finished" figure, e.g. "0/32", once the panel shows one:
+    while a rerun replaces the panel, its old figure can stand beside the new one."""
+    value = page.locator(".st-key-side-datacenter [data-testid='stMetric']").filter(
+        has_text="Finished").locator(METRIC_VALUE)
+    wait_for(lambda: value.count() == 1, 30, "the datacenter panel never settled on one "
+             "Finished figure", interval=0.1)
+    return value.inner_text()
 
 
 def race_state(page) -> str:
