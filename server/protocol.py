@@ -359,7 +359,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
 # a beam search's sampling fields: each other one it cannot honour is a 400 naming it
 BEAM_FREE = frozenset({"max_tokens", "n", "temperature", "seed", "ignore_eos",
                        "include_stop_str_in_output", "skip_special_tokens", "cache_salt"})
-BEAM_REFUSED_BODY = ("stream", "echo", "bad_words")
+BEAM_REFUSED_BODY = ("echo", "bad_words")
 
 
 def _beam_search(body: Body, params: SamplingParams, chat: bool,

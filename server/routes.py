@@ -284,8 +284,9 @@ class _API:
 
     async def _beam_search(self, request: Request, req: GenerationRequest,
                            key: str | None) -> Response:
-        """vLLM's `use_beam_search`: each prompt's `n` best beams (`server.beam`), whole;
-        the client going away stops the search at the next step."""
+        """vLLM's `use_beam_search`: each prompt's `n` best beams (`server.beam`), whole
+        or (`stream`) in a chunk each once the search has ended; the client going away
+        stops the search at the next step."""
         _log_ignored(request, req)
         engine = await self._engine()
         checked, charge = await self._checked(request, engine, req, key)
@@ -318,14 +319,18 @@ class _API:
             raise APIError(503, f"the engine is not serving: {failed}")
         reply, tokenizer = Reply.new(req.chat, self.model_name), engine.loaded.tokenizer
         show = req.return_token_ids
-        choices = [reply.choice(
-            tokenizer.decode(list(b.token_ids), skip_special_tokens=p.skip_special_tokens),
-            "stop" if b.finished else "length", index=i * p.n + j,
-            token_ids=b.token_ids if show else None, prompt_token_ids=prompt if show else None)
+        answers = [(i * p.n + j, prompt, b, tokenizer.decode(
+            list(b.token_ids), skip_special_tokens=p.skip_special_tokens))
             for i, ((prompt, p), beams) in enumerate(zip(checked, found, strict=True))
             for j, b in enumerate(beams)]
         made = sum(len(b.token_ids) for beams in found for b in beams)
         usage = protocol.usage(sum(len(ids) for ids, _ in checked), made, 0)
+        if req.stream:  # as vLLM's: the search is whole before anything is sent
+            return EventStream(_beam_events(reply, req, answers, usage), on_close=lambda: None)
+        choices = [reply.choice(text, "stop" if b.finished else "length", index=k,
+                                token_ids=b.token_ids if show else None,
+                                prompt_token_ids=prompt if show else None)
+                   for k, prompt, b, text in answers]
         extra = {"prompt_token_ids": checked[0][0]} if show and req.chat else {}
         return JSONResponse(reply.whole_of(choices, usage, **extra))
 
@@ -721,6 +726,28 @@ class EventStream(StreamingResponse):
                 tasks.cancel_scope.cancel()
         finally:
             self._on_close()
+
+
+async def _beam_events(reply: Reply, req: GenerationRequest,
+                       answers: list[tuple[int, list[int], beam.Beam, str]],
+                       usage: dict[str, Any]) -> AsyncIterator[str]:
+    """A beam search's stream: each answer's text in one chunk and its finish reason in
+    the next (a chat's role first), then the usage where asked for (with
+    continuous_usage_stats, on every chunk: the search is over, so it is the whole)."""
+    so_far = usage if req.continuous_usage else None
+    show = req.return_token_ids
+    if reply.chat:
+        yield sse(reply.chunk("", role=True, usage=so_far, prompt_token_ids=(
+            answers[0][1] if show else None)))
+    for k, prompt, b, text in answers:
+        yield sse(reply.chunk(text, index=k, usage=so_far,
+                              token_ids=b.token_ids if show else None,
+                              prompt_token_ids=prompt if show and not reply.chat else None))
+        yield sse(reply.chunk(None, "stop" if b.finished else "length", index=k,
+                              usage=so_far))
+    if req.include_usage:
+        yield sse(reply.usage_chunk(usage))
+    yield SSE_DONE
 
 
 def _log_ignored(request: Request, req: GenerationRequest) -> None:

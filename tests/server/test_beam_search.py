@@ -107,7 +107,6 @@ def test_a_search_stops_between_steps_once_cancelled():
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"length_penalty": 2}, "length_penalty", "needs beam search"),
     ({"use_beam_search": True, "n": 11}, "n", "at most 10 beams"),
-    ({"use_beam_search": True, "stream": True}, "stream", "beam search does not take it"),
     ({"use_beam_search": True, "top_p": 0.5}, "top_p", "beam search does not take it"),
     ({"use_beam_search": True, "stop": ["."]}, "stop", "beam search does not take it"),
     ({"use_beam_search": True, "logprobs": 2}, "logprobs", "beam search does not take it"),
@@ -180,6 +179,33 @@ def test_the_served_beams_are_transformers_beams(url, name, loaded, hf_model, ap
         assert [c["index"] for c in body["choices"]] == [0, 1, 2]
         assert body["usage"]["completion_tokens"] == sum(len(t) for t in want)
     assert api_engine.stats(steps_after=None).kv.used_blocks == 0
+
+
+@pytest.mark.model
+def test_a_streamed_search_sends_the_same_beams_whole(client, name):
+    """As vLLM's server streams it: the search ends first, then each beam in one chunk."""
+    kwargs = dict(model=name, prompt="The capital of France is", max_tokens=5, n=3,
+                  extra_body={"use_beam_search": True})
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={
+        "include_usage": True}, **kwargs))
+    texts, reasons = {}, {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] = texts.get(choice.index, "") + choice.text
+        if choice.finish_reason:
+            reasons[choice.index] = choice.finish_reason
+    assert [texts[i] for i in range(3)] == [c.text for c in whole.choices]
+    assert [reasons[i] for i in range(3)] == [c.finish_reason for c in whole.choices]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    chat = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Name a fruit."}], n=2,
+        max_tokens=8, stream=True, extra_body={"use_beam_search": True})
+    said = {}
+    for chunk in chat:
+        for choice in chunk.choices:
+            said[choice.index] = said.get(choice.index, "") + (choice.delta.content or "")
+    assert len(said) == 2 and all(said.values())
 
 
 @pytest.mark.model
