@@ -82,7 +82,8 @@ class EngineConfig:
     model: None for the bundled SmolLM2-135M-Instruct, else a local HF folder or .gguf path.
     num_kv_blocks: size of the KV pool in blocks; None sizes it by `kv_cache_memory_gb`.
     kv_cache_memory_gb: memory budget for the KV pool when `num_kv_blocks` is None;
-        None picks a default (1 GiB on CPU, 40% of free memory on CUDA).
+        None picks a default (1 GiB on CPU, or the RAM free for it where less but at
+        least 16,384 tokens; 40% of free memory on CUDA).
     max_prefill_attention: cap on a prefill chunk's tokens x the context it attends to
         (tokens already computed), so that one step of a long prompt stays short and a
         cancel (Stop, a closed tab, a dropped HTTP client) takes effect within a step;

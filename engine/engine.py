@@ -29,7 +29,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, Request, RequestUpdate, StepStats, request_output
 from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
-from engine.memory.budget import GIB, check_pool_memory
+from engine.memory.budget import GIB, check_pool_memory, memory_budget
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput, make_output
 from engine.runner import ModelRunner
@@ -39,6 +39,8 @@ from engine.speculative import Speculation
 
 DEFAULT_CPU_KV_GB = 1.0
 DEFAULT_GPU_KV_FRACTION = 0.4
+# the default CPU pool shrinks to the RAM free for it, but never below this many tokens
+MIN_DEFAULT_KV_TOKENS = 16_384
 LOOP_THREAD = "batchlens-engine"
 CANCEL_LAGS_KEPT = 256
 
@@ -99,6 +101,10 @@ class Engine(ServingBase):
             budget = free * DEFAULT_GPU_KV_FRACTION
         else:
             budget = DEFAULT_CPU_KV_GB * GIB
+            free = memory_budget(str(model.device))
+            floor = MIN_DEFAULT_KV_TOKENS // cfg.block_size * per_block
+            if free is not None and floor <= free.limit < budget:
+                budget = free.limit  # a busy machine: a smaller pool, not a refusal
         return max(int(budget // per_block), 1)
 
     @property

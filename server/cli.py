@@ -101,7 +101,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     eng.add_argument("--num-kv-blocks", type=int, help="KV pool size in blocks "
                      "(default: sized by --kv-cache-memory-gb)")
     eng.add_argument("--kv-cache-memory-gb", type=float,
-                     help="KV pool budget (default: 1 GiB on CPU, 40%% of free GPU memory)")
+                     help="KV pool budget (default: 1 GiB on CPU, less where less RAM is "
+                     "free; 40%% of free GPU memory)")
     eng.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
                      help="requests running at once (default: %(default)s)")
     eng.add_argument("--max-num-batched-tokens", type=int,
