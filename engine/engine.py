@@ -29,7 +29,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.core import EngineCore, Request, RequestUpdate, StepStats, request_output
 from engine.kv_cache import BlockInfo, KVCacheManager, KVCacheStats
-from engine.memory.budget import GIB, check_pool_memory, memory_budget
+from engine.memory.budget import GIB, MemoryBudget, check_pool_memory, memory_budget
 from engine.models.loaded import LoadedModel
 from engine.outputs import RequestOutput, make_output
 from engine.runner import ModelRunner
@@ -61,7 +61,9 @@ class Engine(ServingBase):
         arch = self.loaded.model.arch
         self.max_model_len = min(config.max_model_len or arch.max_position_embeddings,
                                  arch.max_position_embeddings)
-        num_blocks = config.num_kv_blocks or self._blocks_for_budget()
+        # one reading of free memory both sizes a default pool and checks the pool
+        free = memory_budget(str(self.loaded.model.device))
+        num_blocks = config.num_kv_blocks or self._blocks_for_budget(free)
         if num_blocks * config.block_size < 2:
             raise ValueError(
                 f"num_kv_blocks: a pool of {num_blocks} x {config.block_size} tokens is too "
@@ -69,7 +71,7 @@ class Engine(ServingBase):
             )
         check_pool_memory(num_blocks, config.block_size,  # refuse before allocating
                           arch.kv_bytes_per_token(self.loaded.model.dtype),
-                          str(self.loaded.model.device))
+                          str(self.loaded.model.device), budget=free)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_prefill_attention)
@@ -91,17 +93,18 @@ class Engine(ServingBase):
         self._start_loop(self._run_loop, LOOP_THREAD)
 
     # ---- set-up --------------------------------------------------------------------
-    def _blocks_for_budget(self) -> int:
+    def _blocks_for_budget(self, free: MemoryBudget | None) -> int:
+        """The default pool's blocks: `kv_cache_memory_gb`, else 40% of free GPU memory,
+        else 1 GiB of RAM, or what `free` leaves for it where less (not below the floor)."""
         cfg, model = self.config, self.loaded.model
         per_block = model.arch.kv_bytes_per_token(model.dtype) * cfg.block_size
         if cfg.kv_cache_memory_gb is not None:
             budget = cfg.kv_cache_memory_gb * GIB
         elif model.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(model.device)
-            budget = free * DEFAULT_GPU_KV_FRACTION
+            gpu_free, _ = torch.cuda.mem_get_info(model.device)
+            budget = gpu_free * DEFAULT_GPU_KV_FRACTION
         else:
             budget = DEFAULT_CPU_KV_GB * GIB
-            free = memory_budget(str(model.device))
             floor = MIN_DEFAULT_KV_TOKENS // cfg.block_size * per_block
             if free is not None and floor <= free.limit < budget:
                 budget = free.limit  # a busy machine: a smaller pool, not a refusal

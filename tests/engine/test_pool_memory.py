@@ -68,7 +68,6 @@ def test_the_default_pool_shrinks_to_the_ram_free_but_an_asked_one_does_not(load
     per_token = loaded.model.arch.kv_bytes_per_token(loaded.model.dtype)
     tight = MemoryBudget("RAM", GIB + 900 * 2**20, GIB)  # 900 MiB free for a pool
     monkeypatch.setattr(engine_module, "memory_budget", lambda device: tight)
-    monkeypatch.setattr("engine.memory.budget.memory_budget", lambda device: tight)
     with Engine(EngineConfig(device="cpu"), loaded=loaded) as engine:
         assert engine.kv.num_blocks == largest_pool(16, per_token, tight)
         assert engine.pool_tokens >= 16_384
@@ -76,6 +75,5 @@ def test_the_default_pool_shrinks_to_the_ram_free_but_an_asked_one_does_not(load
         Engine(EngineConfig(device="cpu", kv_cache_memory_gb=1.0), loaded=loaded)
     starved = MemoryBudget("RAM", GIB + 2**20, GIB)  # 1 MiB: below the floor, refused
     monkeypatch.setattr(engine_module, "memory_budget", lambda device: starved)
-    monkeypatch.setattr("engine.memory.budget.memory_budget", lambda device: starved)
     with pytest.raises(ValueError, match="the largest pool that fits"):
         Engine(EngineConfig(device="cpu"), loaded=loaded)
