@@ -295,7 +295,7 @@ class _API:
         failed: Exception | None = None
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(_set_on_disconnect, request.receive, gone)
+                tasks.start_soon(_on_disconnect, request.receive, gone.set)
                 try:  # caught here: the task group would wrap it in an ExceptionGroup
                     for token_ids, p in checked:
                         found.append(await anyio.to_thread.run_sync(partial(
@@ -313,10 +313,8 @@ class _API:
             return Response(status_code=499)  # nobody is there to read it
         if isinstance(failed, beam.StepFailed):
             raise _failure(failed.out)
-        if isinstance(failed, ValueError):  # a beam the engine refused
-            raise req.error(str(failed))
-        if failed is not None:  # shut down, or its loop stopped
-            raise APIError(503, f"the engine is not serving: {failed}")
+        if failed is not None:
+            raise _refused(req, failed)
         reply, tokenizer = Reply.new(req.chat, self.model_name), engine.loaded.tokenizer
         show = req.return_token_ids
         answers = [(i * p.n + j, prompt, b, tokenizer.decode(
@@ -466,9 +464,13 @@ class _API:
                     close: Callable[[], None]) -> None:
         """Wait for every request and its choices to end (the client going away cancels
         them), then `close`."""
+        def cancel() -> None:
+            for handle in handles:
+                handle.cancel()
+
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(_cancel_on_disconnect, request.receive, handles)
+                tasks.start_soon(_on_disconnect, request.receive, cancel)
                 for handle in [*handles, *(c for h in handles for c in h.candidates)]:
                     await self.watcher.wait_done(handle)  # a request ends after its choices
                 tasks.cancel_scope.cancel()
@@ -492,10 +494,8 @@ class _API:
                 handle.cancel()
             if charge is not None:
                 charge.settle(0)
-            if isinstance(exc, ValueError):
-                raise req.error(str(exc)) from None
-            if isinstance(exc, RuntimeError):  # shut down, or its loop stopped
-                raise APIError(503, f"the engine is not serving: {exc}") from None
+            if isinstance(exc, ValueError | RuntimeError):
+                raise _refused(req, exc) from None
             raise
 
     async def _checked(self, request: Request, engine: Engine, req: GenerationRequest,
@@ -758,19 +758,11 @@ def _log_ignored(request: Request, req: GenerationRequest) -> None:
                     ", ".join(req.ignored))
 
 
-async def _set_on_disconnect(receive: Receive, gone: threading.Event) -> None:
-    """Set `gone` once the client disconnects (the body was read already)."""
+async def _on_disconnect(receive: Receive, then: Callable[[], None]) -> None:
+    """Call `then` once the client disconnects (the body was read already)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    gone.set()
-
-
-async def _cancel_on_disconnect(receive: Receive, handles: list[RequestHandle]) -> None:
-    """Cancel the requests once their client disconnects (the body was read already)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    for handle in handles:
-        handle.cancel()
+    then()
 
 
 def _client_host(request: Request) -> str:
@@ -1041,6 +1033,14 @@ class _StreamIds:
         made = out.token_ids if out is not None else self.handle.token_ids
         batch, self.sent = _unsent(made, self.sent, self.handle, out is not None)
         return self.first() | {"token_ids": batch}
+
+
+def _refused(req: GenerationRequest, exc: ValueError | RuntimeError) -> APIError:
+    """The error for a submit the engine refused: the request's own 400 (ValueError),
+    or a 503 when the engine is shut down or its loop stopped (RuntimeError)."""
+    if isinstance(exc, ValueError):
+        return req.error(str(exc))
+    return APIError(503, f"the engine is not serving: {exc}")
 
 
 def _failure(out: RequestOutput) -> APIError:
