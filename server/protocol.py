@@ -338,7 +338,9 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
         params = SamplingParams(**fields)
     except ValueError as exc:
         raise engine_error(str(exc), chat=chat, max_tokens_param=max_tokens_param) from None
-    beam = _beam_search(body, params, chat, structured_param)
+    words = tuple(_words(body.get("bad_words")))
+    beam = _beam_search(body, params, chat, structured_param,
+                        refused={"echo": echo, "bad_words": words})
     truncate = _int(body, "truncate_prompt_tokens", None)
     if truncate is not None and truncate < 1 and truncate != -1:
         raise bad_request(f"truncate_prompt_tokens must be >= 1, or -1 for the context "
@@ -351,7 +353,7 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
                              return_tokens_as_token_ids=_bool(
                                  body, "return_tokens_as_token_ids", False),
                              return_token_ids=_bool(body, "return_token_ids", False),
-                             bad_words=tuple(_words(body.get("bad_words"))),
+                             bad_words=words,
                              structured_param=structured_param,
                              beam_search=beam is not None, length_penalty=beam or 1.0)
 
@@ -359,16 +361,16 @@ def _request(body: Body, prompts: tuple[Prompt, ...], *, chat: bool,
 # a beam search's sampling fields: each other one it cannot honour is a 400 naming it
 BEAM_FREE = frozenset({"max_tokens", "n", "temperature", "seed", "ignore_eos",
                        "include_stop_str_in_output", "skip_special_tokens", "cache_salt"})
-BEAM_REFUSED_BODY = ("echo", "bad_words")
 
 
 def _beam_search(body: Body, params: SamplingParams, chat: bool,
-                 structured_param: str | None) -> float | None:
+                 structured_param: str | None, refused: dict[str, Any]) -> float | None:
     """vLLM's `use_beam_search` and its `length_penalty` (None: no beam search; else the
     penalty); a 400 naming `length_penalty` without beam search, a width (`n`) past
     `beam.MAX_WIDTH`, or any field the search cannot honour: it ranks beams by the model's
     own log-probabilities, so samplers, penalties, biases, stop strings, structured
-    outputs and log-probabilities of its own have no place in it."""
+    outputs and log-probabilities of its own have no place in it, nor the request's
+    other fields in `refused` (parsed) that are set."""
     on = _bool(body, "use_beam_search", False)
     penalty = _number(body, "length_penalty", 1.0)
     if not on:
@@ -386,7 +388,7 @@ def _beam_search(body: Body, params: SamplingParams, chat: bool,
         raise bad_request("temperature: beam search ranks the model's own log-probabilities, "
                           f"which temperature does not change (got {shown(temperature)})",
                           "temperature")
-    taken = [name for name in BEAM_REFUSED_BODY if not _unset(body.get(name))]
+    taken = [name for name, value in refused.items() if value]
     default = SamplingParams()
     taken += [f.name for f in dataclasses.fields(SamplingParams)
               if f.name not in BEAM_FREE and getattr(params, f.name) != getattr(default, f.name)]
@@ -396,10 +398,6 @@ def _beam_search(body: Body, params: SamplingParams, chat: bool,
         raise bad_request(f"{name}: beam search does not take it here (use_beam_search "
                           f"takes n, max_tokens, length_penalty and ignore_eos)", name)
     return penalty
-
-
-def _unset(value: Any) -> bool:
-    return value is None or value is False or value == [] or value == ""
 
 
 def _chat_logprobs(body: Body) -> int | None:
