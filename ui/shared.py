@@ -115,10 +115,15 @@ class SharedEngine:
         return self.engine.restart()
 
     def shutdown(self) -> None:
+        """Shut down the current engine and those still draining, and give their memory
+        back: `st.cache_resource` calls this when its cache is cleared, while other
+        sessions' finished jobs may still hold the engines (though not their KV)."""
         with self._lock:
             engines = [self.engine, *self.draining]
         for engine in engines:
             engine.shutdown()
+        for engine in engines:
+            release_memory(engine)
 
 
 def release_memory(engine: Engine) -> None:

@@ -39,3 +39,20 @@ def test_rss_after_rebuilds_stays_within_ten_percent(loaded):
                                          f"{after / 2**30:.2f} GiB after")
     finally:
         holder.shutdown()
+
+
+def test_a_cleared_shared_engine_gives_its_pool_back(loaded):
+    """Clearing the cache (`shared_engine.clear()`, or Streamlit's "Clear cache") shuts the
+    shared engine down; its 1 GiB pool goes back to the OS although a finished job of some
+    session still holds the engine."""
+    gc.collect()
+    before = rss_bytes()
+    holder = SharedEngine(loaded, EngineConfig(kv_cache_memory_gb=1.0))
+    kept = holder.engine.submit("Hello", SamplingParams(max_tokens=2))
+    kept.result(timeout=60)
+    assert rss_bytes() > before + 2**30 * 0.9  # the pool is written when it is allocated
+    holder.shutdown()
+    assert holder.engine.runner is None  # released, though `kept` still reaches it
+    after = rss_bytes()
+    assert after <= before + 2**30 * 0.25, (f"RSS {before / 2**30:.2f} GiB before the engine,"
+                                           f" {after / 2**30:.2f} GiB after its shutdown")
