@@ -332,7 +332,8 @@ class Events:
         self.number = 0
         self.lazy = tools
         self.items: list[dict[str, Any]] = []  # the output items closed so far
-        self.open: dict[str, Any] | None = None  # the item being streamed
+        # the item being streamed: its type, id and text so far (a call: its item too)
+        self.open: dict[str, Any] | None = None
 
     def event(self, kind: str, **fields: Any) -> str:
         """One server-sent event: `event: kind`, its data carrying `type` too."""
@@ -365,8 +366,7 @@ class Events:
             out += self._close("completed")
             item = self.shape.call(delta | {"function": delta["function"] | {"arguments": ""}},
                                    "in_progress")
-            self.open = {"type": "function_call", "item": item, "text": "",
-                         "index": len(self.items)}
+            self.open = {"type": "function_call", "id": item["id"], "text": "", "item": item}
             out.append(self.event("response.output_item.added", output_index=len(self.items),
                                   item=item))
         args = delta.get("function", {}).get("arguments", "")
@@ -390,7 +390,7 @@ class Events:
     def _open_message(self) -> list[str]:
         s = self.shape
         item_id = s.message_id if not self.items else f"msg_{uuid.uuid4().hex}"
-        self.open = {"type": "message", "id": item_id, "text": "", "index": len(self.items)}
+        self.open = {"type": "message", "id": item_id, "text": ""}
         return [self.event("response.output_item.added", output_index=len(self.items),
                            item=s.message(None, "in_progress", item_id)),
                 self.event("response.content_part.added", **self._where(), content_index=0,
@@ -398,8 +398,7 @@ class Events:
 
     def _where(self) -> dict[str, Any]:
         assert self.open is not None
-        item_id = self.open["id"] if self.open["type"] == "message" else self.open["item"]["id"]
-        return {"item_id": item_id, "output_index": self.open["index"]}
+        return {"item_id": self.open["id"], "output_index": len(self.items)}  # it is next
 
     def _close(self, status: str) -> list[str]:
         """The open item done, and kept for the response."""
