@@ -287,10 +287,11 @@ void write_out(T* out, int64_t H, int64_t s, int64_t h, const Partial<G, D>& p,
   }
 }
 
-// Keys prefetched past the tile in use (two tiles of 16, four of 8): enough reads in flight
-// that a tile seldom waits on one, where the next tile alone is too little to cover the
-// misses of a shuffled block table
-constexpr int64_t kAheadKeys = 32;
+// Keys prefetched past the tile in use, in two reaches: the next tile's K/V into L1, and
+// the keys up to kAheadKeys past it into L2. A core has few L1 misses in flight, too few
+// to cover main memory's latency at this kernel's rate of reads; the L2 keeps more, and an
+// L1 miss that hits there waits little.
+constexpr int64_t kAheadKeys = 64;
 
 template <typename T, int TILE = 16>
 struct KeyWalk {  // row offsets (in elements) of a unit's keys, TILE at a time
@@ -299,30 +300,34 @@ struct KeyWalk {  // row offsets (in elements) of a unit's keys, TILE at a time
   };
   const int32_t* table;
   int64_t h, NB, BS, D, len;  // len: the unit's keys, from its first
-  Cursor next, fetch;         // the next key to return; the next key to prefetch
-  int64_t fetched = 0;        // keys prefetched so far
+  Cursor next, near, far;     // the next key to return; the next to prefetch into L1, L2
+  int64_t near_n = 0, far_n = 0;  // keys prefetched so far into L1, L2
   int64_t rows[TILE];
   KeyWalk(const int32_t* t, int64_t h_, int64_t nb, int64_t bs, int64_t d, int64_t k0,
           int64_t k1)
       : table(t), h(h_), NB(nb), BS(bs), D(d), len(k1 - k0),
-        next{k0 / bs, k0 % bs}, fetch{k0 / bs, k0 % bs} {}
+        next{k0 / bs, k0 % bs}, near{k0 / bs, k0 % bs}, far{k0 / bs, k0 % bs} {}
   int64_t step(Cursor& c) const {  // the row offset of c's key; c moves to the next key
     const int64_t off = ((h * NB + table[c.blk_i]) * BS + c.in_blk) * D;
     if (++c.in_blk == BS) c.in_blk = 0, ++c.blk_i;
     return off;
   }
-  // the offsets of keys [start, start + TILE) of the unit; first prefetches into L1 the
-  // K/V of the keys up to kAheadKeys past this tile, so that the reads of many tiles are in
-  // flight at once (a shuffled block table defeats the hardware prefetcher every block)
-  const int64_t* tile(int64_t start, const T* kc, const T* vc) {
-    const int64_t until = std::min<int64_t>(len, start + TILE + kAheadKeys);
-    for (; fetched < until; ++fetched) {
-      const int64_t off = step(fetch);
-      for (int64_t c = 0; c < D * static_cast<int64_t>(sizeof(T)); c += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(kc + off) + c, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(vc + off) + c, _MM_HINT_T0);
+  template <auto HINT>  // _MM_HINT_T0 or _T1 (an enum in GCC, an int in clang)
+  void fetch(Cursor& c, int64_t& done, int64_t until, const T* kc, const T* vc) {
+    for (; done < until; ++done) {
+      const int64_t off = step(c);
+      for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(kc + off) + b, HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(vc + off) + b, HINT);
       }
     }
+  }
+  // the offsets of keys [start, start + TILE) of the unit, after prefetching the next
+  // tile's K/V into L1 and those of the keys up to kAheadKeys further into L2 (a shuffled
+  // block table defeats the hardware prefetcher every block)
+  const int64_t* tile(int64_t start, const T* kc, const T* vc) {
+    fetch<_MM_HINT_T1>(far, far_n, std::min<int64_t>(len, start + 2 * TILE + kAheadKeys), kc, vc);
+    fetch<_MM_HINT_T0>(near, near_n, std::min<int64_t>(len, start + 2 * TILE), kc, vc);
     const int64_t count = std::min<int64_t>(TILE, len - start);
     for (int64_t t = 0; t < count; ++t) rows[t] = step(next);
     return rows;
