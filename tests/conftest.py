@@ -19,6 +19,8 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 from engine.models.loaded import LoadedModel  # noqa: E402
 
+pytest_plugins = ["rss_log"]  # `--rss-log DIR` (tests/rss_log.py)
+
 # `make test` and `make test-fast` run on one pytest-xdist worker per core: each worker's
 # torch gets its share of the cores, as do the servers it starts (OMP_NUM_THREADS), so the
 # workers' thread pools never spin against each other
