@@ -101,8 +101,8 @@ class Engine(ServingBase):
         if cfg.kv_cache_memory_gb is not None:
             budget = cfg.kv_cache_memory_gb * GIB
         elif model.device.type == "cuda":
-            gpu_free, _ = torch.cuda.mem_get_info(model.device)
-            budget = gpu_free * DEFAULT_GPU_KV_FRACTION
+            assert free is not None  # memory_budget always reads a GPU's memory
+            budget = free.available * DEFAULT_GPU_KV_FRACTION
         else:
             budget = DEFAULT_CPU_KV_GB * GIB
             floor = MIN_DEFAULT_KV_TOKENS // cfg.block_size * per_block
