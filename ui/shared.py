@@ -121,9 +121,7 @@ class SharedEngine:
         with self._lock:
             engines = [self.engine, *self.draining]
         for engine in engines:
-            engine.shutdown()
-        for engine in engines:
-            release_memory(engine)
+            self._retire(engine, drain_s=0)
 
 
 def release_memory(engine: Engine) -> None:
