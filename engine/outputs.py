@@ -98,6 +98,7 @@ class RequestHandle:
         self._output: RequestOutput | None = None
         self.text = ""  # text handed out so far by iteration / poll
         self.num_tokens = 0
+        self._wake: Callable[[], None] | None = None
         self.candidates: list[RequestHandle] = [self]  # n > 1: each candidate's own handle
 
     def candidate(self, index: int) -> RequestHandle:
@@ -110,6 +111,8 @@ class RequestHandle:
         self._events.put((delta, num_tokens))
         if not self._first.is_set():  # set() takes a lock: once per request is enough
             self._first.set()
+        if self._wake is not None:
+            self._wake()
 
     def _finish(self, output: RequestOutput, last_delta: str = "") -> None:
         self._output = output
@@ -117,11 +120,19 @@ class RequestHandle:
         self._events.put(None)
         self._first.set()
         self._done.set()
+        if self._wake is not None:
+            self._wake()
 
     # ---- consumer side -------------------------------------------------------------
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    def on_progress(self, wake: Callable[[], None]) -> None:
+        """Call `wake()` after every push and at the end from now on, on the feeding
+        thread: a consumer that waits on many handles at once is told instead of polling.
+        `wake` must return at once and not raise."""
+        self._wake = wake
 
     def cancel(self) -> None:
         """Ask the engine to stop this request; its blocks are freed at the next step."""

@@ -25,14 +25,12 @@ default as vLLM's server does (`allowed_origins` narrows it, empty turns it off)
 the shared engine and `batchlens serve` serves them alone.
 
 Waiting on the engine without blocking the event loop: the engine thread pushes each
-request's text into its handle's queue. One `HandleWatcher` task per event loop polls every
-handle a request is waiting on, without blocking, every `TICK_S` (5 ms, far below an engine
-step of tens of ms), and wakes the waiting coroutine with the new text. A stream costs the
-loop nothing between ticks, the loop wakes once per tick for all streams together, and no
-thread pool caps how many clients stream at once. With 64 streaming clients on a small CPU
-(2,000 tokens, bfloat16, 5-6 runs each) the tick gives 268-309 tok/s, one worker
-thread per chunk (`anyio.to_thread`, with its own 512-thread limiter) 264-307, in-process
-306-321; 2 ms and 10 ms ticks are no better. Equal within the noise, so the cheaper one.
+request's text into its handle's queue, and a handle being waited on tells its event loop
+(`RequestHandle.on_progress`, at most one wake-up queued per loop however many handles
+move in a step). One `HandleWatcher` task per event loop then polls the handles waiting
+there and wakes each coroutine with its new text. A stream costs the loop nothing between
+steps, the loop wakes about once per step for all streams together, a token goes out as
+soon as its step ends, and no thread pool caps how many clients stream at once.
 
 A client that goes away is noticed while the request runs (the connection's
 `http.disconnect`), streaming or not, and its request is cancelled, so its KV blocks are
@@ -83,7 +81,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.005  # how often waiting requests' handles are polled
 HEALTH_TIMEOUT_S = 2.0  # /health answers 503 when the engine is not there by then
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY_BYTES = 2 * 2**20  # far above any prompt that fits a context (413 above it)
@@ -645,61 +642,94 @@ class _API:
             raise APIError(503, f"the engine is not available: {exc}") from None
 
 
-class HandleWatcher:
-    """Wakes coroutines when their requests make progress: one task per event loop polls
-    every watched handle each `tick_s` while any is watched, and stops when none is."""
+class _Waiting:
+    """The requests one event loop waits on, and the wake-up the engine thread sends it:
+    at most one queued at a time, however many handles move in one step."""
 
-    def __init__(self, tick_s: float = TICK_S) -> None:
-        self.tick_s = tick_s
-        # per event loop: (handle, future, whether the waiter wants text)
-        self._waiting: dict[asyncio.AbstractEventLoop,
-                            list[tuple[RequestHandle, asyncio.Future, bool]]] = {}
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: list[tuple[RequestHandle, asyncio.Future, bool]] = []
+        self.moved = asyncio.Event()
+        self._queued = False
+
+    def wake(self) -> None:
+        """Any thread: have the loop look at its handles soon."""
+        if self._queued:  # a wake-up not yet run covers this push too
+            return
+        self._queued = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            self.loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        self._queued = False  # before set: a push from here on queues its own wake-up
+        self.moved.set()
+
+
+class HandleWatcher:
+    """Wakes coroutines when their requests make progress: each watched handle tells its
+    event loop's task (`RequestHandle.on_progress`), which polls the handles waiting there
+    and stops when none is."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[asyncio.AbstractEventLoop, _Waiting] = {}
         self._tasks: set[asyncio.Task] = set()
 
     async def next_text(self, handle: RequestHandle) -> tuple[str, bool]:
         """The text made since the last call and whether the request has ended (then the
         text is the rest); waits until there is either."""
+        waiting = self._watch(handle)  # before the poll: a push after it wakes the loop
         done = handle.done  # read before polling, so nothing after it is missed
         text = handle.poll()
         if text or done:
             return text, done
-        return await self._wait(handle, want_text=True)
+        return await self._wait(waiting, handle, want_text=True)
 
     async def wait_done(self, handle: RequestHandle) -> None:
         """Wait until the request has ended."""
+        waiting = self._watch(handle)
         if not handle.done:
-            await self._wait(handle, want_text=False)
+            await self._wait(waiting, handle, want_text=False)
 
-    def _wait(self, handle: RequestHandle, want_text: bool) -> asyncio.Future:
+    def _watch(self, handle: RequestHandle) -> _Waiting:
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
         waiting = self._waiting.get(loop)
         if waiting is None:
-            waiting = self._waiting[loop] = []
-            task = loop.create_task(self._run(loop, waiting))
+            waiting = self._waiting[loop] = _Waiting(loop)
+        handle.on_progress(waiting.wake)
+        return waiting
+
+    def _wait(self, waiting: _Waiting, handle: RequestHandle, want_text: bool) -> asyncio.Future:
+        fut = waiting.loop.create_future()
+        if not waiting.items:  # no task polls for this loop now
+            task = waiting.loop.create_task(self._run(waiting))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        waiting.append((handle, fut, want_text))
+        waiting.items.append((handle, fut, want_text))
         return fut
 
-    async def _run(self, loop: asyncio.AbstractEventLoop,
-                   waiting: list[tuple[RequestHandle, asyncio.Future, bool]]) -> None:
+    async def _run(self, waiting: _Waiting) -> None:
         try:
-            while waiting:
-                await asyncio.sleep(self.tick_s)
-                still = []
-                for handle, fut, want_text in waiting:
-                    if fut.done():  # its waiter was cancelled
-                        continue
-                    done = handle.done
-                    text = handle.poll() if want_text else ""
-                    if text or done:
-                        fut.set_result((text, done))
-                    else:
-                        still.append((handle, fut, want_text))
-                waiting[:] = still
+            await self._poll(waiting)
         finally:
-            del self._waiting[loop]
+            if self._waiting.get(waiting.loop) is waiting:
+                del self._waiting[waiting.loop]
+
+    @staticmethod
+    async def _poll(waiting: _Waiting) -> None:
+        while waiting.items:
+            await waiting.moved.wait()
+            waiting.moved.clear()  # before the polls: what is pushed after them sets it again
+            still = []
+            for handle, fut, want_text in waiting.items:
+                if fut.done():  # its waiter was cancelled
+                    continue
+                done = handle.done
+                text = handle.poll() if want_text else ""
+                if text or done:
+                    fut.set_result((text, done))
+                else:
+                    still.append((handle, fut, want_text))
+            waiting.items[:] = still
 
 
 class EventStream(StreamingResponse):
