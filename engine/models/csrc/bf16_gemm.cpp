@@ -5,12 +5,13 @@
 // packed layout reads them at about half the bandwidth a plain sum over them reaches.
 // Here each weight is laid out [N/32][K/2][32][2]: two 64-byte loads hold a pair of K for
 // 32 outputs, and each row's pair of x, broadcast, feeds one VDPBF16PS per load into
-// float32 accumulators, with the weights `kPrefetch` pairs ahead prefetched. Threads split
-// the 32-output blocks; within a block, rows go 12 at a time (24 accumulators of the 32
-// vector registers), the block's weights staying in L2 after the first 12: each weight
-// byte leaves memory once whatever the row count, and from ~16 rows on the tile is bound by
-// its dot products. Two output vectors per tile, not one, halve the broadcasts per dot
-// product, which makes 16-64 row steps about a quarter faster than one vector per tile.
+// float32 accumulators, with the weights `kPrefetch` pairs ahead prefetched.
+// Threads split the 32-output blocks; within a block, rows go 12 at a time (24
+// accumulators of the 32 vector registers), the block's weights staying in L2 after the
+// first 12: each weight byte leaves memory once whatever the row count, and from ~16 rows
+// on the tile is bound by its dot products. Two output vectors per tile, not one, halve
+// the broadcasts per dot product, which makes 16-64 row steps about a quarter faster than
+// one vector per tile.
 //
 // Without AVX512_BF16 (AVX2 and FMA: most x86 CPUs) the same layout is read by 32-byte
 // loads, each pair of K widened to two float32 vectors by a shift and a mask (bfloat16 is
@@ -50,7 +51,13 @@ namespace {
 
 #if defined(__AVX512BF16__)
 constexpr bool kSupported = true;
-constexpr int64_t kPrefetch = 64;  // pairs of K ahead (64 x 128 B = 8 KiB)
+// Pairs of K ahead (64 x 128 B = 8 KiB) whose weights are prefetched: into L1 for a tile
+// of a few rows, quick over each pair of K, and into L2 for more rows. A core keeps few L1
+// misses in flight, and a tile long over each pair would hold them from its own loads; a
+// load that hits in L2 waits little.
+constexpr int64_t kPrefetch = 64;
+template <int R>
+constexpr auto kPrefetchHint = R >= 4 ? _MM_HINT_T1 : _MM_HINT_T0;
 constexpr int64_t kTileRows = 12;  // 24 accumulators of the 32 vector registers
 
 // Rows [0, R) of x against one 32-output block wb of the packed weight: 2R accumulators.
@@ -62,8 +69,8 @@ inline void tile(const uint32_t* x, int64_t x_stride, const at::BFloat16* wb, in
   for (int64_t k = 0; k < kp; ++k) {
     const at::BFloat16* wk = wb + k * 64;
     if (kFromMemory) {
-      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64 + 32), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64), kPrefetchHint<R>);
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64 + 32), kPrefetchHint<R>);
     }
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wk + 32);
