@@ -131,7 +131,8 @@ class RequestHandle:
     def on_progress(self, wake: Callable[[], None]) -> None:
         """Call `wake()` after every push and at the end from now on, on the feeding
         thread: a consumer that waits on many handles at once is told instead of polling.
-        `wake` must return at once and not raise."""
+        `wake` must return at once and not raise; a later call replaces it (a handle has
+        one consumer)."""
         self._wake = wake
 
     def cancel(self) -> None:
