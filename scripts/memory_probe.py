@@ -4,8 +4,8 @@ that decode attention over a paged KV cache meets before any kernel of ours.
 A 512 MiB buffer on 2 MiB pages (as the engine's pool) is read whole by `torch.sum` (as
 `measure.calibrate` reads), then in 2 KiB chunks, the size of one K or V block of one kv
 head in the bundled model (16 tokens x 64 dims x 2 bytes), on every thread: in order,
-shuffled, and shuffled with each chunk's lines prefetched `ahead`
-chunks early into L1 (T0) or L2 (T1), as `KeyWalk` does in csrc/paged_attention.cpp. Then
+shuffled, and shuffled with each chunk's lines prefetched `ahead` chunks early into L1
+(T0) or L2 (T1), as `KeyWalk` does in csrc/paged_attention.cpp. Then
 the same shuffled walk with arithmetic on every line read (`--work` FMA rounds per 128
 bytes), against that arithmetic alone on chunks that stay in L2: where the two overlap, the
 time is the larger of "memory" and "compute"; where they do not, it is their sum.
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.cpp_extension import load_inline
@@ -105,13 +107,15 @@ double walk(torch::Tensor buf, torch::Tensor order, int64_t chunk, int64_t ahead
 """
 
 
-def build():
-    # the kernels' own flags (OpenMP above all: without it at::parallel_for runs one thread)
+def build() -> Any:
+    """The probe's module (`walk`), built once into torch's extension cache with the
+    kernels' own flags: OpenMP above all, without which at::parallel_for runs one thread."""
     return load_inline("batchlens_memory_probe", cpp_sources=SOURCE, functions=["walk"],
                        extra_cflags=native.cflags(), verbose=False)
 
 
-def best_s(fn, rounds: int) -> float:
+def best_s(fn: Callable[[], object], rounds: int) -> float:
+    """The fastest of `rounds` calls of `fn`, after one to warm up, in seconds."""
     fn()
     best = float("inf")
     for _ in range(rounds):
@@ -122,6 +126,7 @@ def best_s(fn, rounds: int) -> float:
 
 
 def probe(rounds: int, work: int, ahead: int, bandwidth: float) -> None:
+    """Print each read's rate against `bandwidth` (GB/s), then the overlap figure."""
     mod = build()
     buf = pages.empty((BUFFER,), torch.uint8).fill_(1)
     n = BUFFER // CHUNK
@@ -159,7 +164,6 @@ def main() -> None:
     ap.add_argument("--work", type=int, default=4, help="FMA rounds per 128 bytes read")
     ap.add_argument("--ahead", type=int, default=8, help="chunks ahead to prefetch")
     a = ap.parse_args()
-    native._build()  # sets the engine's thread count and flags, as kernel_bench does
     cal = calibrate(fresh=True)
     # on the compute thread, as the engine's kernels run and as `calibrate` measured
     compute.run(probe, a.rounds, a.work, a.ahead, cal.bandwidth_gbs)
