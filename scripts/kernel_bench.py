@@ -13,9 +13,9 @@ kernel that reads a key once for several rows, or from cache, passes 100%). Each
 the median of `--rounds` passes over all layers after a warm-up, in GB/s of K/V read and as
 a share of `measure.calibrate`'s bandwidth, measured in the same run.
 
-The current kernel reads the caches as the engine lays them out here: packed where its AMX
-path serves (`native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps rows), K and V as views of one
-pool (`attention.packed_caches`), else in rows.
+The current kernel reads the caches as the engine lays them out here: packed where its
+packed path serves (AMX or AVX512_BF16, `native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps
+rows), K and V as views of one pool (`attention.packed_caches`), else in rows.
 `--against REV` builds the kernel source of a git revision beside the current one and
 times the two in alternation, pass by pass, so both see the same load on a shared machine
 (the revision's kernel on its engine's layout: packed where it reads them, in one pool where
@@ -35,6 +35,7 @@ layer_ops.cpp beside them.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -90,22 +91,24 @@ def passes(ops: dict[str, tuple[Op, Caches]], args: tuple, rounds: int) -> dict[
 
 
 def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: float,
-              block: int = BLOCK, pooled: frozenset[str] = frozenset({"this"})) -> None:
-    """Decode attention over the cases of the module docstring; `pooled`: the ops that read
-    packed K and V as views of one pool (the engine's layout since it has one), not apart."""
+              block: int = BLOCK, pooled: frozenset[str] = frozenset({"this"}),
+              packing: frozenset[str] = frozenset()) -> None:
+    """Decode attention over the cases of the module docstring; `packing`: the ops whose
+    engine packs K and V here; `pooled`: those of them that read packed K and V as views of
+    one pool (the engine's layout since it has one), not apart."""
     rng = random.Random(0)
     lens = sorted(rng.randint(20, 420) for _ in range(REQUESTS))
     pool = sum(-(-n // block) for n in lens) + 1
     caches = [(torch.randn(KV_HEADS, pool, block, HEAD_DIM).to(dtype),
                torch.randn(KV_HEADS, pool, block, HEAD_DIM).to(dtype)) for _ in range(LAYERS)]
     per_key = LAYERS * 2 * KV_HEADS * HEAD_DIM * caches[0][0].element_size()
-    packed = native.packed_kv(torch.device("cpu"), dtype, block, HEAD_DIM, HEADS // KV_HEADS)
+    packed = "this" in packing
     caches = [tuple(pages.gathered(list(kv))) for kv in caches]  # on 2 MiB pages, as the pool
-    packs = [tuple(pages.gathered(list(pack_caches(k, v)))) for k, v in caches] if packed \
+    packs = [tuple(pages.gathered(list(pack_caches(k, v)))) for k, v in caches] if packing \
         else caches
-    pools = [pool_caches(k, v) for k, v in caches] if packed else caches
-    layouts = {name: (pools if name in pooled else packs) if _reads(op, packs) else caches
-               for name, op in ops.items()}
+    pools = [pool_caches(k, v) for k, v in caches] if packing else caches
+    layouts = {name: (pools if name in pooled else packs) if name in packing else caches
+               for name in ops}
     print(f"decode attention, {dtype}: {REQUESTS} requests, {sum(lens):,} keys, {LAYERS} layers, "
           f"{sum(lens) * per_key / 1e6:.0f} MB of K/V in blocks of {block} tokens (this kernel's "
           f"{'packed' if packed else 'in rows'}); medians of {rounds} passes; "
@@ -183,15 +186,14 @@ def _layer_op_calls(rows: int, dtype: torch.dtype,
     }
 
 
-def _reads(op: Op, caches: Caches) -> bool:
-    """Whether `op` takes these caches (a revision before the packed layout does not)."""
-    q = torch.zeros(1, HEADS, HEAD_DIM, dtype=caches[0][0].dtype)
-    one = torch.ones(1, 1, dtype=torch.int32)
-    try:
-        op(q, *caches[0], one, one, 0.125)
-    except RuntimeError:
-        return False
-    return True
+def _packs(ops: object, dtype: torch.dtype, block: int) -> bool:
+    """Whether the engine of a build (its op namespace) packs K and V here: its kernel has a
+    packed path for these shapes on this CPU (a revision before the packed layout has none,
+    one before the AVX512_BF16 packed path only with AMX). BATCHLENS_KV_PACKED=0: none."""
+    supported = getattr(ops, "paged_packed_supported", None)
+    return (dtype == torch.bfloat16 and supported is not None
+            and os.environ.get("BATCHLENS_KV_PACKED", "1") != "0"
+            and bool(supported(HEAD_DIM, HEADS // KV_HEADS, block)))
 
 
 def argmax() -> None:
@@ -241,8 +243,12 @@ def main() -> None:
         a.against, "kernels.h") else set())
     # on the compute thread, as the engine runs them and as `calibrate` measured: ops from a
     # second thread would start a second OpenMP team, and the two slow each other down
-    compute.run(attention, getattr(torch, a.dtype), ops, a.rounds, cal.bandwidth_gbs,
-                a.block_size, frozenset(pooled))
+    dtype = getattr(torch, a.dtype)
+    packing = {"this"} if _packs(torch.ops.batchlens, dtype, a.block_size) else set()
+    if a.against and _packs(torch.ops.batchlens_ab, dtype, a.block_size):
+        packing.add(a.against)
+    compute.run(attention, dtype, ops, a.rounds, cal.bandwidth_gbs, a.block_size,
+                frozenset(pooled), frozenset(packing))
     names = ["batchlens"]
     if a.against:
         build_at(a.against, "layer_ops.cpp")

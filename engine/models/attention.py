@@ -11,9 +11,10 @@ KV cache layout of one layer (K and V alike)::
 Gathering a request's blocks along dim 1 yields its K as one contiguous
 [kvh, num_blocks_of_request * block_size, d] run, which is what a decode batch needs.
 
-Packed (5-dim), where the CPU decode kernel drives AMX tiles (`native.packed_kv`): within a
-block K keeps its dims in pairs, each pair row holding the block's keys, and V its keys in
-pairs, so the kernel reads 16 keys' K and V as tiles where they lie::
+Packed (5-dim), where the CPU decode kernel reads bfloat16 pairs (`native.packed_kv`: AMX
+tiles or AVX512_BF16 dot products): within a block K keeps its dims in pairs, each pair row
+holding the block's keys, and V its keys in pairs, so the kernel reads 16 keys' K and V as
+tiles where they lie::
 
     k_cache[kv_head, block, d // 2, offset, d % 2]        [kvh, num_blocks, d/2, block_size, 2]
     v_cache[kv_head, block, offset // 2, d, offset % 2]   [kvh, num_blocks, block_size/2, d, 2]

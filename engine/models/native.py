@@ -129,9 +129,9 @@ def paged_decode(device: torch.device, dtype: torch.dtype) -> PagedDecode | None
 def packed_kv(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
               group: int) -> bool:
     """Whether the KV cache is packed (engine/models/attention.py) for the decode kernel's
-    AMX path: bfloat16 on a CPU whose tiles the kernels drive, blocks of a multiple of 16
-    tokens, head_dim 64 or 128, 1-8 query heads per kv head. BATCHLENS_KV_PACKED=0 keeps
-    rows, to compare."""
+    packed paths: bfloat16 on a CPU whose AMX tiles the kernels drive or with AVX512_BF16,
+    blocks of a multiple of 16 tokens, head_dim 64 or 128, 1-8 query heads per kv head.
+    BATCHLENS_KV_PACKED=0 keeps rows, to compare."""
     return (device.type == "cpu" and dtype == torch.bfloat16
             and os.environ.get("BATCHLENS_KV_PACKED", "1") != "0" and _build()[0]
             and bool(torch.ops.batchlens.paged_packed_supported(head_dim, group, block_size)))
@@ -200,7 +200,8 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
     cpu = torch.device("cpu")
     attention = "the kernel" if paged_decode(cpu, dtype) else "torch"
     if attention == "the kernel" and packed_kv(cpu, dtype, 16, 64, 3):
-        attention += " (AMX tiles, packed K/V)"  # SmolLM2's shapes, the default block
+        # SmolLM2's shapes, the default block
+        attention += " (AMX tiles, packed K/V)" if bf16_linear_amx() else " (packed K/V)"
     matmuls = ""
     if dtype == torch.bfloat16:
         matmuls = "; matmuls: " + (("the bfloat16 kernel (AMX tiles)" if bf16_linear_amx()

@@ -251,7 +251,8 @@ def test_the_layer_stack_in_one_call_gives_the_per_layer_logits_bit_for_bit(tiny
 
 @pytest.mark.model
 @pytest.mark.skipif(not native.packed_kv(torch.device("cpu"), torch.bfloat16, 16, 64, 2),
-                    reason="the attention kernel stores K/V itself on its tile path only (AMX)")
+                    reason="the attention kernel stores K/V itself on its packed path only "
+                           "(AMX or AVX512_BF16)")
 @pytest.mark.parametrize("lens", [[300], [1, 16, 17, 32, 33, 64, 40]])
 def test_a_decode_steps_kv_stored_by_the_attention_kernel_gives_the_same_bits(tiny_llama_d64,
                                                                                 lens):
@@ -303,7 +304,8 @@ def test_a_decode_steps_kv_stored_by_the_attention_kernel_gives_the_same_bits(ti
 
 
 @pytest.mark.skipif(not native.packed_kv(torch.device("cpu"), torch.bfloat16, 16, 64, 2),
-                    reason="the attention kernel stores K/V itself on its tile path only (AMX)")
+                    reason="the attention kernel stores K/V itself on its packed path only "
+                           "(AMX or AVX512_BF16)")
 def test_the_attention_kernel_stores_kv_only_where_every_row_is_alone_at_its_slot():
     k = torch.zeros(cache_shapes(2, 8, 16, 64, True)[0], dtype=torch.bfloat16)
     tables = torch.tensor([[0, 1], [2, 3], [2, 3]], dtype=torch.int32)

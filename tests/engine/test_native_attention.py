@@ -48,8 +48,9 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
 ])
 @pytest.mark.parametrize("strided", [False, True])  # q as rows of a wider QKV output
 @pytest.mark.parametrize("path", ["", "avx2", "portable"])  # "": the fastest this CPU has
-@pytest.mark.parametrize("packed", [False, True, "pool"])  # packed: the AMX path where it
-                                                           # serves, else the portable one;
+@pytest.mark.parametrize("packed", [False, True, "pool"])  # packed: the packed path (AMX or
+                                                           # AVX512_BF16) where it serves,
+                                                           # else the portable one;
                                                            # "pool": as views of one pool
 def test_kernel_matches_float64_softmax_attention(dtype, block_size, d, group, tol, strided,
                                                   path, packed, monkeypatch):

@@ -7,9 +7,10 @@
 // time and sums the 16 dot products across lanes together (hsum16), by bfloat16 dot
 // instructions where the CPU has them (AVX512_BF16).
 //
-// With AMX the caches may come packed (5-dim, see attention.py): in each block K holds its
-// dims in pairs, each pair row the block's keys, and V its keys in pairs, so that 16 keys'
-// K and V are tiles the tile unit reads as they are (decode_amx).
+// With AMX or AVX512_BF16 the bfloat16 caches come packed (5-dim, see attention.py): in
+// each block K holds its dims in pairs, each pair row the block's keys, and V its keys in
+// pairs, so that 16 keys' K and V are tiles the tile unit reads as they are (decode_amx),
+// and vectors the dot instruction takes as they are (decode_bf16_packed).
 //
 //   q        [S, H, D]                  one new token per request
 //   k_cache  [KVH, NUM_BLOCKS, BS, D]   v_cache alike; packed: K [KVH, NB, D/2, BS, 2],
@@ -549,6 +550,152 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
     write_out<at::BFloat16, G, D>(out, H, s, h, p, perm);
   });
 }
+
+// bfloat16 with AVX512_BF16 over packed caches (the AMX kernel's layout, attention.py), on a
+// CPU with the dot instruction but no tile unit. Packed, a tile of 16 keys needs no
+// horizontal sums and no shuffles: each of K's pair rows holds dims (2r, 2r+1) of the
+// tile's 16 keys, one vector, so q·k is D/2 VDPBF16PS per query head, each of the row
+// against the broadcast pair (q_2r, q_2r+1), with the 16 scores in the lanes; and each of
+// V's pair rows holds keys (2j, 2j+1) interleaved for every dim, so p·v is D/16 VDPBF16PS
+// per pair of keys and head against the broadcast pair (p_2j, p_2j+1), accumulating
+// head_dim in order. In rows (decode_bf16_dp), q·k sums each key's products across lanes
+// and p·v interleaves pairs of V rows first.
+//
+// Prefetches: every line of the tile kPackedAheadKeys on into L2, and the next tile's K
+// into L1 before this tile's q·k, its V after it (all of it at once waits behind the core's
+// few L1 misses in flight, docs/benchmarks.md).
+// store_kv as in decode_amx: the unit holding a row's newest key stores it before reading
+// the tile it lands in.
+constexpr int64_t kPackedAheadKeys = 48;
+
+// One line into L1 (T0) or L2 (T1), in inline assembly: GCC 12 leaves no `_mm_prefetch`
+// of this kernel's in its object code.
+template <bool kL1>
+inline void prefetch_line(const char* p) {
+  if constexpr (kL1) asm volatile("prefetcht0 %0" : : "m"(*p));
+  else asm volatile("prefetcht1 %0" : : "m"(*p));
+}
+
+// Where a tile of 16 keys of a unit lies: its block-table column and first slot.
+struct TileCursor {
+  int64_t blk_i, off;
+  TileCursor(int64_t key, int64_t bs) : blk_i(key / bs), off(key % bs) {}
+  void advance(int64_t bs) {
+    if ((off += 16) == bs) off = 0, ++blk_i;
+  }
+};
+
+template <int G, int D>
+void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* kc,
+                        at::BFloat16* vc, const int32_t* tables, const int32_t* lens,
+                        at::BFloat16* out, int64_t S, int64_t H, int64_t KVH,
+                        batchlens::BlockStrides ks, batchlens::BlockStrides vs, int64_t BS,
+                        int64_t max_blocks, float scale, bool store_kv) {
+  constexpr int KP = D / 2;               // K's pair rows
+  constexpr int VC = D / 16;              // 16-dim slices of a V pair row
+  constexpr int CHAINS = G >= 4 ? 2 : 4;  // q·k sums per head, kept apart for the latency
+  static_assert(KP % CHAINS == 0);
+  const int64_t k_row = BS * 4;  // bytes between K's pair rows
+  const auto body = [&](const Unit& u, Partial<G, D>& part) {
+    const int64_t s = u.s, h = u.h;
+    const uint32_t* qp[G];  // q's dims in pairs, one 32-bit word each
+    __m512 acc[G][VC], l[G];
+    float m[G];
+    for (int g = 0; g < G; ++g) {
+      qp[g] = reinterpret_cast<const uint32_t*>(q + s * q_stride + (h * G + g) * D);
+      for (int c = 0; c < VC; ++c) acc[g][c] = _mm512_setzero_ps();
+      m[g] = -std::numeric_limits<float>::max();  // finite: no inf - inf
+      l[g] = _mm512_setzero_ps();
+    }
+    const int32_t* table = tables + s * max_blocks;
+    const bool stores = store_kv && u.k1 == lens[s];  // this unit holds the row's newest key
+    at::BFloat16* kbase = kc + h * ks.head;
+    at::BFloat16* vbase = vc + h * vs.head;
+    const auto k_at = [&](const TileCursor& c) {
+      return reinterpret_cast<const char*>(kbase + table[c.blk_i] * ks.block + c.off * 2);
+    };
+    const auto v_at = [&](const TileCursor& c) {
+      return reinterpret_cast<const char*>(vbase + table[c.blk_i] * vs.block + c.off * D);
+    };
+    const auto fetch_k = [&](const TileCursor& c, auto l1) {
+      for (int r = 0; r < KP; ++r) prefetch_line<decltype(l1)::value>(k_at(c) + r * k_row);
+    };
+    const auto fetch_v = [&](const TileCursor& c, auto l1) {
+      for (int b = 0; b < 32 * D; b += 64) prefetch_line<decltype(l1)::value>(v_at(c) + b);
+    };
+    TileCursor tile(u.k0, BS), next = tile, far = tile;
+    next.advance(BS);
+    for (int64_t key = u.k0; key < std::min<int64_t>(u.k0 + kPackedAheadKeys, u.k1); key += 16) {
+      fetch_k(far, std::false_type{});
+      fetch_v(far, std::false_type{});
+      far.advance(BS);
+    }
+    fetch_k(tile, std::true_type{});
+    fetch_v(tile, std::true_type{});
+    for (int64_t key = u.k0; key < u.k1; key += 16, tile = next, next.advance(BS)) {
+      if (stores && key + 16 >= u.k1) {  // the last tile: the newest key goes in first
+        const int64_t t = u.k1 - 1;
+        const int64_t blk = table[t / BS];
+        const at::BFloat16* fresh = q + s * q_stride + (H + h) * D;
+        batchlens::write_packed(kbase + blk * ks.block, vbase + blk * vs.block, fresh,
+                                fresh + KVH * D, t % BS, BS, D);
+      }
+      if (key + kPackedAheadKeys < u.k1) {
+        fetch_k(far, std::false_type{});
+        fetch_v(far, std::false_type{});
+        far.advance(BS);
+      }
+      const bool more = key + 16 < u.k1;
+      if (more) fetch_k(next, std::true_type{});
+      const int64_t n = std::min<int64_t>(16, u.k1 - key);
+      const char* kt = k_at(tile);
+      __m512 sc[G][CHAINS];
+      for (int g = 0; g < G; ++g)
+        for (int i = 0; i < CHAINS; ++i) sc[g][i] = _mm512_setzero_ps();
+      for (int r = 0; r < KP; r += CHAINS)
+        for (int i = 0; i < CHAINS; ++i) {
+          const __m512bh kv = (__m512bh)_mm512_loadu_si512(kt + (r + i) * k_row);
+          for (int g = 0; g < G; ++g)
+            sc[g][i] = _mm512_dpbf16_ps(
+                sc[g][i], (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[g][r + i])), kv);
+        }
+      if (more) fetch_v(next, std::true_type{});
+      const __mmask16 valid = first_lanes(n);
+      alignas(64) uint32_t pairs[G][8];  // (p_2j, p_2j+1) as bfloat16 pairs
+      for (int g = 0; g < G; ++g) {
+        __m512 x = sc[g][0];
+        for (int i = 1; i < CHAINS; ++i) x = _mm512_add_ps(x, sc[g][i]);
+        __m512 p;
+        float corr;
+        if (softmax_tile(_mm512_mul_ps(x, _mm512_set1_ps(scale)), valid, m[g], l[g], p, corr))
+          for (int c = 0; c < VC; ++c) acc[g][c] = _mm512_mul_ps(acc[g][c], _mm512_set1_ps(corr));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
+      }
+      const at::BFloat16* vt = reinterpret_cast<const at::BFloat16*>(v_at(tile));
+      for (int64_t j = 0; 2 * j < n; ++j) {
+        __m512bh pp[G];
+        for (int g = 0; g < G; ++g)
+          pp[g] = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][j]));
+        // a lone last key: its partner's half of the pair row may hold anything (p is 0
+        // there, but NaN * 0 is NaN), so only the low halves are read
+        const bool both = 2 * j + 1 < n;
+        for (int c = 0; c < VC; ++c) {
+          const at::BFloat16* vp = vt + j * 2 * D + 32 * c;
+          const __m512bh v = (__m512bh)(both ? _mm512_loadu_si512(vp)
+                                             : _mm512_maskz_loadu_epi16(0x55555555u, vp));
+          for (int g = 0; g < G; ++g) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], pp[g], v);
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      part.m[g] = m[g], part.l[g] = _mm512_reduce_add_ps(l[g]);
+      for (int c = 0; c < VC; ++c) _mm512_store_ps(part.acc[g] + 16 * c, acc[g][c]);
+    }
+  };
+  run_units<G, D>(lens, S, KVH, body, [&](int64_t s, int64_t h, const Partial<G, D>& p) {
+    write_out<at::BFloat16, G, D>(out, H, s, h, p, nullptr);
+  });
+}
 #else
 template <int G, int DC>  // never called: kHasDotBf16 is false without AVX512_BF16
 void decode_bf16_dp(const at::BFloat16*, int64_t, const at::BFloat16*, const at::BFloat16*,
@@ -826,6 +973,17 @@ void decode_amx(const at::BFloat16*, int64_t, at::BFloat16*, at::BFloat16*, cons
                 batchlens::BlockStrides, int64_t, int64_t, float, bool) {}
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+constexpr bool kDotBf16Built = true;
+#else
+constexpr bool kDotBf16Built = false;
+template <int G, int D>  // never called: kDotBf16Built is false without AVX512_BF16
+void decode_bf16_packed(const at::BFloat16*, int64_t, at::BFloat16*, at::BFloat16*,
+                        const int32_t*, const int32_t*, at::BFloat16*, int64_t, int64_t, int64_t,
+                        batchlens::BlockStrides, batchlens::BlockStrides, int64_t, int64_t, float,
+                        bool) {}
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__)
 // The AVX2 kernel (no AVX-512): float32 FMAs on 8 lanes, keys 8 at a time, the same
 // structure as decode_avx512. AVX2 has 16 vector registers, so the accumulators live in
@@ -1055,7 +1213,7 @@ std::string forced_path() {
 namespace batchlens {
 
 bool paged_packed_supported(int64_t head_dim, int64_t group, int64_t block_size) {
-  return kHasAmx && bf16_linear_amx() && block_size % 16 == 0 &&
+  return ((kHasAmx && bf16_linear_amx()) || kDotBf16Built) && block_size % 16 == 0 &&
          (head_dim == 64 || head_dim == 128) && group >= 1 && group <= 8;
 }
 
@@ -1145,24 +1303,27 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       any<T>(qc.data_ptr<T>(), qc.stride(0), kc.data_ptr<T>(), vc.data_ptr<T>(), tp, lp,       \
              out.data_ptr<T>(), S, H, KVH, NB, BS, D, max_blocks, sc))                         \
     return out;
-  const bool tiles = packed && path.empty() && qc.scalar_type() == at::kBFloat16 &&
-                     paged_packed_supported(D, H / KVH, BS);
+  const bool packed_path = packed && path.empty() && qc.scalar_type() == at::kBFloat16 &&
+                           paged_packed_supported(D, H / KVH, BS);
   // the caller has asked attention_stores_kv; q must still be rows of the QKV output (a
   // lone row's stride is whatever its view says)
-  TORCH_CHECK(!store_kv || (tiles && qc.data_ptr() == q.data_ptr() &&
+  TORCH_CHECK(!store_kv || (packed_path && qc.data_ptr() == q.data_ptr() &&
                             (S == 1 || qc.stride(0) >= (H + 2 * KVH) * D)),
-              "paged_decode_attention: store_kv needs the tile kernel and q as rows of the QKV "
-              "output");
-  if (tiles) {
-    const auto amx = [&](auto group) {
+              "paged_decode_attention: store_kv needs the packed kernel and q as rows of the "
+              "QKV output");
+  if (packed_path) {
+    const bool amx = kHasAmx && bf16_linear_amx();  // else AVX512_BF16's dot products
+    const auto packed_run = [&](auto group) {
       constexpr int G = decltype(group)::value;
-      const auto run = D == 64 ? decode_amx<G, 64> : decode_amx<G, 128>;
+      const auto run = amx      ? (D == 64 ? decode_amx<G, 64> : decode_amx<G, 128>)
+                       : D == 64 ? decode_bf16_packed<G, 64>
+                                 : decode_bf16_packed<G, 128>;
       run(qc.data_ptr<at::BFloat16>(), qc.stride(0), kc.data_ptr<at::BFloat16>(),
           vc.data_ptr<at::BFloat16>(), tp, lp, out.data_ptr<at::BFloat16>(), S, H, KVH, ks, vs,
           BS, max_blocks, sc, store_kv);
       return true;
     };
-    if (with_group(H / KVH, amx)) return out;
+    if (with_group(H / KVH, packed_run)) return out;
   }
 #if defined(__AVX512F__)
   if (path.empty() && !packed) {
