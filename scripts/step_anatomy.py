@@ -20,13 +20,19 @@ memory bandwidth. This script times, for the bundled model (or --model):
 halfway through its output (the contexts of the bench's profiled decode step), without the
 engine's own steps.
 
+`--kv-layouts R` times only the forward and its decode attention, with the KV cache in rows
+and packed (`native.packed_kv`) in turn, R rounds of each, so both see the same load on a
+shared machine. Packed, the attention stores the step's K/V itself (the RoPE ops do, in
+rows): compare the forwards.
+
     PYTHONPATH=. python scripts/step_anatomy.py [--model PATH] [--prompt N] [--tokens N]
-                                                [--seqs N]
+                                                [--seqs N] [--kv-layouts R]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -36,6 +42,7 @@ import torch
 from engine import compute
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
+from engine.models import native
 from engine.models.llama import LlamaModel
 from engine.models.loaded import LoadedModel
 from engine.runner import ModelRunner
@@ -105,6 +112,30 @@ def step_parts(loaded: LoadedModel, contexts: list[int]) -> dict[str, float]:
     return out
 
 
+def kv_layouts(loaded: LoadedModel, contexts: list[int],
+               rounds: int) -> dict[str, dict[str, list[float]]]:
+    """The forward and decode attention (ms) of `step_parts` with the KV cache in rows and
+    packed, `rounds` times each, taking turns (the runner picks its layout as it starts,
+    from BATCHLENS_KV_PACKED)."""
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"forward": [], "attention": []} for name in ("in rows", "packed")}
+    saved = os.environ.get("BATCHLENS_KV_PACKED")
+    try:
+        for r in range(rounds):
+            order = [("in rows", "0"), ("packed", "1")]
+            for name, flag in order if r % 2 == 0 else order[::-1]:
+                os.environ["BATCHLENS_KV_PACKED"] = flag
+                parts = compute.run(step_parts, loaded, contexts)
+                times[name]["forward"].append(parts["forward"])
+                times[name]["attention"].append(parts.get("attention", float("nan")))
+    finally:
+        if saved is None:
+            os.environ.pop("BATCHLENS_KV_PACKED", None)
+        else:
+            os.environ["BATCHLENS_KV_PACKED"] = saved
+    return times
+
+
 def round_trip(loaded: LoadedModel, context: int) -> float:
     """The trip to the compute thread and back around a forward (ms): `compute.run` timed
     from another thread, less the time the forward took inside it."""
@@ -142,9 +173,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200, help="tokens generated (default 200)")
     ap.add_argument("--seqs", type=int, default=1,
                     help="requests in the step (default 1; more: the bench mix's contexts)")
+    ap.add_argument("--kv-layouts", type=int, default=0, metavar="R",
+                    help="only the forward, KV cache in rows and packed in turn, R rounds")
     a = ap.parse_args()
     if a.seqs < 1:
         ap.error("--seqs must be at least 1")
+    if a.kv_layouts < 0:
+        ap.error("--kv-layouts must not be negative (0: off)")
     loaded = LoadedModel.load(a.model)
     if a.seqs == 1:
         contexts = [a.prompt + a.tokens // 2]
@@ -153,6 +188,22 @@ def main() -> None:
                              MIX_MAX_TOKENS)
         contexts = [r.halfway_context for r in reqs]
     bandwidth = calibrate().bandwidth_gbs
+    if a.kv_layouts:
+        model = loaded.model
+        arch = model.arch
+        if not native.packed_kv(model.device, model.dtype, BLOCK_SIZE, arch.head_dim,
+                                arch.num_heads // arch.num_kv_heads):
+            raise SystemExit("--kv-layouts: this model's KV cache is never packed here (it "
+                             "needs bfloat16 on a CPU with AMX or AVX512_BF16)")
+        times = kv_layouts(loaded, contexts, a.kv_layouts)
+        print(f"decode step of {len(contexts)} sequences, {sum(contexts):,} tokens of "
+              f"context, {torch.get_num_threads()} threads; calibrated bandwidth "
+              f"{bandwidth:.1f} GB/s; ms, medians of {a.kv_layouts} rounds (each the median "
+              "forward and the mean attention of a step_parts run)")
+        for name, t in times.items():
+            print(f"  KV {name:<8} forward {statistics.median(t['forward']):7.2f}   decode "
+                  f"attention {statistics.median(t['attention']):6.2f}")
+        return
     engine_ms = engine_steps(loaded, a.prompt, a.tokens) if a.seqs == 1 else None
     parts = compute.run(step_parts, loaded, contexts)
     trip = round_trip(loaded, contexts[0])
