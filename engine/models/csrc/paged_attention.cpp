@@ -618,18 +618,22 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
       return reinterpret_cast<const char*>(vbase + table[c.blk_i] * vs.block + c.off * D);
     };
     const auto fetch_k = [&](const TileCursor& c, auto l1) {
-      for (int r = 0; r < KP; ++r) prefetch_line<decltype(l1)::value>(k_at(c) + r * k_row);
+      const char* kt = k_at(c);
+      for (int r = 0; r < KP; ++r) prefetch_line<decltype(l1)::value>(kt + r * k_row);
     };
     const auto fetch_v = [&](const TileCursor& c, auto l1) {
-      for (int b = 0; b < 32 * D; b += 64) prefetch_line<decltype(l1)::value>(v_at(c) + b);
+      const char* vt = v_at(c);
+      for (int b = 0; b < 32 * D; b += 64) prefetch_line<decltype(l1)::value>(vt + b);
     };
     TileCursor tile(u.k0, BS), next = tile, far = tile;
-    next.advance(BS);
-    for (int64_t key = u.k0; key < std::min<int64_t>(u.k0 + kPackedAheadKeys, u.k1); key += 16) {
+    const auto fetch_far = [&] {  // the tile at `far` into L2, and `far` on to the next
       fetch_k(far, std::false_type{});
       fetch_v(far, std::false_type{});
       far.advance(BS);
-    }
+    };
+    next.advance(BS);
+    for (int64_t key = u.k0; key < std::min<int64_t>(u.k0 + kPackedAheadKeys, u.k1); key += 16)
+      fetch_far();
     fetch_k(tile, std::true_type{});
     fetch_v(tile, std::true_type{});
     for (int64_t key = u.k0; key < u.k1; key += 16, tile = next, next.advance(BS)) {
@@ -640,11 +644,7 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
         batchlens::write_packed(kbase + blk * ks.block, vbase + blk * vs.block, fresh,
                                 fresh + KVH * D, t % BS, BS, D);
       }
-      if (key + kPackedAheadKeys < u.k1) {
-        fetch_k(far, std::false_type{});
-        fetch_v(far, std::false_type{});
-        far.advance(BS);
-      }
+      if (key + kPackedAheadKeys < u.k1) fetch_far();
       const bool more = key + 16 < u.k1;
       if (more) fetch_k(next, std::true_type{});
       const int64_t n = std::min<int64_t>(16, u.k1 - key);
