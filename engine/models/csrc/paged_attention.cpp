@@ -652,6 +652,7 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
       __m512 sc[G][CHAINS];
       for (int g = 0; g < G; ++g)
         for (int i = 0; i < CHAINS; ++i) sc[g][i] = _mm512_setzero_ps();
+#pragma GCC unroll 32
       for (int r = 0; r < KP; r += CHAINS)
         for (int i = 0; i < CHAINS; ++i) {
           const __m512bh kv = (__m512bh)_mm512_loadu_si512(kt + (r + i) * k_row);
@@ -672,6 +673,17 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
         _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
       }
       const at::BFloat16* vt = reinterpret_cast<const at::BFloat16*>(v_at(tile));
+      if (n == 16) {  // unrolled: the accumulators stay in registers
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j)
+          for (int c = 0; c < VC; ++c) {
+            const __m512bh v = (__m512bh)_mm512_loadu_si512(vt + j * 2 * D + 32 * c);
+            for (int g = 0; g < G; ++g)
+              acc[g][c] = _mm512_dpbf16_ps(
+                  acc[g][c], (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][j])), v);
+          }
+        continue;
+      }
       for (int64_t j = 0; 2 * j < n; ++j) {
         __m512bh pp[G];
         for (int g = 0; g < G; ++g)
