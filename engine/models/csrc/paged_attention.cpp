@@ -561,9 +561,10 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
 // head_dim in order. In rows (decode_bf16_dp), q·k sums each key's products across lanes
 // and p·v interleaves pairs of V rows first.
 //
-// Prefetches: every line of the tile kPackedAheadKeys on into L2, and the next tile's K
-// into L1 before this tile's q·k, its V after it (all of it at once waits behind the core's
-// few L1 misses in flight, docs/benchmarks.md).
+// Prefetches: each load of a full tile's line goes with a prefetch of the same line of the
+// tile kPackedAheadKeys on into L2 and one of the next tile into L1: spread over the tile's
+// work, not queued at its start behind the core's few misses in flight, and no loop of
+// their own (docs/benchmarks.md).
 // store_kv as in decode_amx: the unit holding a row's newest key stores it before reading
 // the tile it lands in.
 constexpr int64_t kPackedAheadKeys = 48;
@@ -617,25 +618,16 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
     const auto v_at = [&](const TileCursor& c) {
       return reinterpret_cast<const char*>(vbase + table[c.blk_i] * vs.block + c.off * D);
     };
-    const auto fetch_k = [&](const TileCursor& c, auto l1) {
-      const char* kt = k_at(c);
+    const auto fetch = [&](const TileCursor& c, auto l1) {  // a whole tile: a unit's first ones
+      const char *kt = k_at(c), *vt = v_at(c);
       for (int r = 0; r < KP; ++r) prefetch_line<decltype(l1)::value>(kt + r * k_row);
-    };
-    const auto fetch_v = [&](const TileCursor& c, auto l1) {
-      const char* vt = v_at(c);
       for (int b = 0; b < 32 * D; b += 64) prefetch_line<decltype(l1)::value>(vt + b);
     };
     TileCursor tile(u.k0, BS), next = tile, far = tile;
-    const auto fetch_far = [&] {  // the tile at `far` into L2, and `far` on to the next
-      fetch_k(far, std::false_type{});
-      fetch_v(far, std::false_type{});
-      far.advance(BS);
-    };
     next.advance(BS);
     for (int64_t key = u.k0; key < std::min<int64_t>(u.k0 + kPackedAheadKeys, u.k1); key += 16)
-      fetch_far();
-    fetch_k(tile, std::true_type{});
-    fetch_v(tile, std::true_type{});
+      fetch(far, std::false_type{}), far.advance(BS);
+    fetch(tile, std::true_type{});
     for (int64_t key = u.k0; key < u.k1; key += 16, tile = next, next.advance(BS)) {
       if (stores && key + 16 >= u.k1) {  // the last tile: the newest key goes in first
         const int64_t t = u.k1 - 1;
@@ -644,23 +636,27 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
         batchlens::write_packed(kbase + blk * ks.block, vbase + blk * vs.block, fresh,
                                 fresh + KVH * D, t % BS, BS, D);
       }
-      if (key + kPackedAheadKeys < u.k1) fetch_far();
-      const bool more = key + 16 < u.k1;
-      if (more) fetch_k(next, std::true_type{});
       const int64_t n = std::min<int64_t>(16, u.k1 - key);
-      const char* kt = k_at(tile);
+      const char *kt = k_at(tile), *vb = v_at(tile);
+      // the tiles to prefetch lines of; past the unit's end, this one again (a hit in L1)
+      const bool far_in = key + kPackedAheadKeys < u.k1, next_in = key + 16 < u.k1;
+      const char *far_k = far_in ? k_at(far) : kt, *far_v = far_in ? v_at(far) : vb;
+      const char *next_k = next_in ? k_at(next) : kt, *next_v = next_in ? v_at(next) : vb;
+      if (far_in) far.advance(BS);
       __m512 sc[G][CHAINS];
       for (int g = 0; g < G; ++g)
         for (int i = 0; i < CHAINS; ++i) sc[g][i] = _mm512_setzero_ps();
 #pragma GCC unroll 32
       for (int r = 0; r < KP; r += CHAINS)
         for (int i = 0; i < CHAINS; ++i) {
-          const __m512bh kv = (__m512bh)_mm512_loadu_si512(kt + (r + i) * k_row);
+          const int64_t at = (r + i) * k_row;
+          const __m512bh kv = (__m512bh)_mm512_loadu_si512(kt + at);
+          prefetch_line<false>(far_k + at);
+          prefetch_line<true>(next_k + at);
           for (int g = 0; g < G; ++g)
             sc[g][i] = _mm512_dpbf16_ps(
                 sc[g][i], (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[g][r + i])), kv);
         }
-      if (more) fetch_v(next, std::true_type{});
       const __mmask16 valid = first_lanes(n);
       alignas(64) uint32_t pairs[G][8];  // (p_2j, p_2j+1) as bfloat16 pairs
       for (int g = 0; g < G; ++g) {
@@ -672,19 +668,22 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
           for (int c = 0; c < VC; ++c) acc[g][c] = _mm512_mul_ps(acc[g][c], _mm512_set1_ps(corr));
         _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
       }
-      const at::BFloat16* vt = reinterpret_cast<const at::BFloat16*>(v_at(tile));
+      const at::BFloat16* vt = reinterpret_cast<const at::BFloat16*>(vb);
       if (n == 16) {  // unrolled: the accumulators stay in registers
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j)
           for (int c = 0; c < VC; ++c) {
-            const __m512bh v = (__m512bh)_mm512_loadu_si512(vt + j * 2 * D + 32 * c);
+            const int64_t at = (j * 2 * D + 32 * c) * 2;  // bytes: a line a load
+            const __m512bh v = (__m512bh)_mm512_loadu_si512(vb + at);
+            prefetch_line<false>(far_v + at);
+            prefetch_line<true>(next_v + at);
             for (int g = 0; g < G; ++g)
               acc[g][c] = _mm512_dpbf16_ps(
                   acc[g][c], (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][j])), v);
           }
         continue;
       }
-      for (int64_t j = 0; 2 * j < n; ++j) {
+      for (int64_t j = 0; 2 * j < n; ++j) {  // a short tile: a unit's last
         __m512bh pp[G];
         for (int g = 0; g < G; ++g)
           pp[g] = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][j]));
