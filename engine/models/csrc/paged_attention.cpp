@@ -194,7 +194,9 @@ struct NoScope {};  // what a thread sets up before its units and undoes after: 
 // Cuts the pairs into units and runs `body(unit, partial)` on every unit, longest first,
 // over the threads; then `finish(s, h, partial)` once per pair with the whole pair's
 // partial (a single piece's own, or the merge of its pieces). `runs` (optional, see
-// row_runs): rows one unit takes together, where no pair is cut into pieces.
+// row_runs): rows one unit takes together, where no pair is cut into pieces. A body that
+// takes a third argument gets the unit its thread runs next (nullptr: none), claimed
+// before it starts, so that it can prefetch that unit's first keys.
 template <int G, int D, typename Scope = NoScope, typename Body, typename Finish>
 void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
                const Finish& finish, const int32_t* runs = nullptr) {
@@ -236,17 +238,25 @@ void run_units(const int32_t* lens, int64_t S, int64_t KVH, const Body& body,
   for (const Unit& u : units) left[u.s * KVH + u.h].store(u.pieces, std::memory_order_relaxed);
   std::atomic<int64_t> next{0};
   const int64_t N = static_cast<int64_t>(units.size());
+  const auto run = [&](const Unit& u, Partial<G, D>& p, const Unit* after) {
+    if constexpr (std::is_invocable_v<const Body&, const Unit&, Partial<G, D>&, const Unit*>)
+      body(u, p, after);
+    else
+      body(u, p);
+  };
   at::parallel_for(0, std::min(nt, N), 1, [&](int64_t, int64_t) {
     [[maybe_unused]] Scope scope;
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < N;) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed), j; i < N; i = j) {
+      j = next.fetch_add(1, std::memory_order_relaxed);
       const Unit& u = units[i];
+      const Unit* after = j < N ? &units[j] : nullptr;
       if (u.part < 0) {
         Partial<G, D> p;
-        body(u, p);
+        run(u, p, after);
         if (u.rows == 1) finish(u.s, u.h, p);
         continue;
       }
-      body(u, scratch[u.part + u.k0 / piece]);
+      run(u, scratch[u.part + u.k0 / piece], after);
       if (left[u.s * KVH + u.h].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
       Partial<G, D> p;  // this thread finished the pair's last piece: merge all of them
       const Partial<G, D>* parts = scratch.data() + u.part;
@@ -597,7 +607,7 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
   constexpr int CHAINS = G >= 4 ? 2 : 4;  // q·k sums per head, kept apart for the latency
   static_assert(KP % CHAINS == 0);
   const int64_t k_row = BS * 4;  // bytes between K's pair rows
-  const auto body = [&](const Unit& u, Partial<G, D>& part) {
+  const auto body = [&](const Unit& u, Partial<G, D>& part, const Unit* after) {
     const int64_t s = u.s, h = u.h;
     const uint32_t* qp[G];  // q's dims in pairs, one 32-bit word each
     __m512 acc[G][VC], l[G];
@@ -618,6 +628,13 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
     const auto v_at = [&](const TileCursor& c) {
       return reinterpret_cast<const char*>(vbase + table[c.blk_i] * vs.block + c.off * D);
     };
+    // past this unit's last kPackedAheadKeys, the L2 prefetches go on into the first keys of
+    // the unit the thread takes next, so that it starts on keys in cache
+    const int32_t* after_table = after ? tables + after->s * max_blocks : table;
+    const char* after_k = reinterpret_cast<const char*>(kc + (after ? after->h : h) * ks.head);
+    const char* after_v = reinterpret_cast<const char*>(vc + (after ? after->h : h) * vs.head);
+    TileCursor after_far(after ? after->k0 : 0, BS);
+    int64_t after_keys = after ? std::min<int64_t>(kPackedAheadKeys, after->k1 - after->k0) : 0;
     const auto fetch = [&](const TileCursor& c, auto l1) {  // a whole tile: a unit's first ones
       const char *kt = k_at(c), *vt = v_at(c);
       for (int r = 0; r < KP; ++r) prefetch_line<decltype(l1)::value>(kt + r * k_row);
@@ -640,9 +657,18 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
       const char *kt = k_at(tile), *vb = v_at(tile);
       // the tiles to prefetch lines of; past the unit's end, this one again (a hit in L1)
       const bool far_in = key + kPackedAheadKeys < u.k1, next_in = key + 16 < u.k1;
-      const char *far_k = far_in ? k_at(far) : kt, *far_v = far_in ? v_at(far) : vb;
+      const char *far_k = kt, *far_v = vb;
+      if (far_in) {
+        far_k = k_at(far), far_v = v_at(far);
+        far.advance(BS);
+      } else if (after_keys > 0) {
+        const int64_t blk = after_table[after_far.blk_i];
+        far_k = after_k + (blk * ks.block + after_far.off * 2) * 2;
+        far_v = after_v + (blk * vs.block + after_far.off * D) * 2;
+        after_far.advance(BS);
+        after_keys -= 16;
+      }
       const char *next_k = next_in ? k_at(next) : kt, *next_v = next_in ? v_at(next) : vb;
-      if (far_in) far.advance(BS);
       __m512 sc[G][CHAINS];
       for (int g = 0; g < G; ++g)
         for (int i = 0; i < CHAINS; ++i) sc[g][i] = _mm512_setzero_ps();
