@@ -2,8 +2,9 @@
 that decode attention over a paged KV cache meets before any kernel of ours.
 
 A 512 MiB buffer on 2 MiB pages (as the engine's pool) is read whole by `torch.sum` (as
-`measure.calibrate` reads), then in 2 KiB chunks, the size of one K or V block of one kv
-head in the bundled model (16 tokens x 64 dims x 2 bytes), on every thread: in order,
+`measure.calibrate` reads), then in chunks of `--chunk` bytes (default 4 KiB: what decode
+attention reads of one block for one kv head in the bundled model, its K and then its V,
+16 tokens x 64 dims x 2 bytes each, one run in the pool), on every thread: in order,
 shuffled, and shuffled with each chunk's lines prefetched `ahead` chunks early into L1
 (T0) or L2 (T1), as `KeyWalk` does in csrc/paged_attention.cpp. Then
 the same shuffled walk with arithmetic on every line read (`--work` FMA rounds per 128
@@ -14,6 +15,7 @@ Each figure is the best of `--rounds`, in GB/s and as a share of `measure.calibr
 bandwidth, measured in the same run (it moves from minute to minute on a shared host).
 
     PYTHONPATH=. python scripts/memory_probe.py [--rounds N] [--work N] [--ahead N]
+                                                [--chunk BYTES]
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from engine.memory import pages
 from engine.models import native
 from measure.calibrate import calibrate
 
-CHUNK = 2048
 BUFFER = 512 << 20
 
 SOURCE = r"""
@@ -125,20 +126,20 @@ def best_s(fn: Callable[[], object], rounds: int) -> float:
     return best
 
 
-def probe(rounds: int, work: int, ahead: int, bandwidth: float) -> None:
+def probe(rounds: int, work: int, ahead: int, chunk: int, bandwidth: float) -> None:
     """Print each read's rate against `bandwidth` (GB/s), then the overlap figure."""
     mod = build()
     buf = pages.empty((BUFFER,), torch.uint8).fill_(1)
-    n = BUFFER // CHUNK
+    n = BUFFER // chunk
     in_order = torch.arange(n, dtype=torch.int32)
     shuffled = in_order[torch.randperm(n, generator=torch.Generator().manual_seed(0))]
-    in_l2 = in_order % 128  # 256 KiB, read over and over: the arithmetic alone
+    in_l2 = in_order % (256 * 1024 // chunk)  # 256 KiB, read over and over: the arithmetic alone
 
     def gbs(order: torch.Tensor, hint: int, w: int) -> tuple[float, float]:
-        secs = best_s(lambda: mod.walk(buf, order, CHUNK, ahead, hint, w), rounds)
+        secs = best_s(lambda: mod.walk(buf, order, chunk, ahead, hint, w), rounds)
         return BUFFER / secs / 1e9, secs * 1e3
 
-    print(f"memory probe: {BUFFER >> 20} MiB in {CHUNK}-byte chunks, {torch.get_num_threads()} "
+    print(f"memory probe: {BUFFER >> 20} MiB in {chunk}-byte chunks, {torch.get_num_threads()} "
           f"threads, best of {rounds}; calibrated bandwidth {bandwidth:.1f} GB/s")
     as_float = buf.view(torch.float32)
     rate = BUFFER / best_s(as_float.sum, rounds) / 1e9
@@ -162,10 +163,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", type=int, default=4, help="FMA rounds per 128 bytes read")
     ap.add_argument("--ahead", type=int, default=8, help="chunks ahead to prefetch")
+    ap.add_argument("--chunk", type=int, default=4096, help="bytes read in a run (a multiple of 128, up to 256 KiB)")
     a = ap.parse_args()
+    if a.chunk < 128 or a.chunk % 128 or a.chunk > 256 * 1024:
+        raise SystemExit(f"--chunk must be a multiple of 128 bytes up to 256 KiB, got {a.chunk}")
     cal = calibrate(fresh=True)
     # on the compute thread, as the engine's kernels run and as `calibrate` measured
-    compute.run(probe, a.rounds, a.work, a.ahead, cal.bandwidth_gbs)
+    compute.run(probe, a.rounds, a.work, a.ahead, a.chunk, cal.bandwidth_gbs)
 
 
 if __name__ == "__main__":
