@@ -51,13 +51,15 @@ namespace {
 
 #if defined(__AVX512BF16__)
 constexpr bool kSupported = true;
-// Pairs of K ahead (64 x 128 B = 8 KiB) whose weights are prefetched: into L1 for a tile
+// Pairs of K ahead whose weights are prefetched (64 x 128 B = 8 KiB): into L1 for a tile
 // of a few rows, quick over each pair of K, and into L2 for more rows. A core keeps few L1
 // misses in flight, and a tile long over each pair would hold them from its own loads; a
-// load that hits in L2 waits little.
-constexpr int64_t kPrefetch = 64;
+// load that hits in L2 waits little. One row is the exception: its tile, quickest of all,
+// streams faster with the weights 32 pairs (4 KiB) ahead into L2 (benchmarks.md).
 template <int R>
-constexpr auto kPrefetchHint = R >= 4 ? _MM_HINT_T1 : _MM_HINT_T0;
+constexpr int64_t kPrefetch = R == 1 ? 32 : 64;
+template <int R>
+constexpr auto kPrefetchHint = R >= 4 || R == 1 ? _MM_HINT_T1 : _MM_HINT_T0;
 constexpr int64_t kTileRows = 12;  // 24 accumulators of the 32 vector registers
 
 // Rows [0, R) of x against one 32-output block wb of the packed weight: 2R accumulators.
@@ -69,8 +71,8 @@ inline void tile(const uint32_t* x, int64_t x_stride, const at::BFloat16* wb, in
   for (int64_t k = 0; k < kp; ++k) {
     const at::BFloat16* wk = wb + k * 64;
     if (kFromMemory) {
-      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64), kPrefetchHint<R>);
-      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch * 64 + 32), kPrefetchHint<R>);
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch<R> * 64), kPrefetchHint<R>);
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetch<R> * 64 + 32), kPrefetchHint<R>);
     }
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wk + 32);
