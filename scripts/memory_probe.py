@@ -163,7 +163,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", type=int, default=4, help="FMA rounds per 128 bytes read")
     ap.add_argument("--ahead", type=int, default=8, help="chunks ahead to prefetch")
-    ap.add_argument("--chunk", type=int, default=4096, help="bytes read in a run (a multiple of 128, up to 256 KiB)")
+    ap.add_argument("--chunk", type=int, default=4096,
+                    help="bytes read in a run (a multiple of 128, up to 256 KiB)")
     a = ap.parse_args()
     if a.chunk < 128 or a.chunk % 128 or a.chunk > 256 * 1024:
         raise SystemExit(f"--chunk must be a multiple of 128 bytes up to 256 KiB, got {a.chunk}")

@@ -574,7 +574,8 @@ void decode_bf16_dp(const at::BFloat16* q, int64_t q_stride, const at::BFloat16*
 // Prefetches: each load of a full tile's line goes with a prefetch of the same line of the
 // tile kPackedAheadKeys on into L2 and one of the next tile into L1: spread over the tile's
 // work, not queued at its start behind the core's few misses in flight, and no loop of
-// their own (docs/benchmarks.md).
+// their own. Past the unit's keys the L2 ones go on into the first keys of the unit its
+// thread runs next (docs/benchmarks.md).
 // store_kv as in decode_amx: the unit holding a row's newest key stores it before reading
 // the tile it lands in.
 constexpr int64_t kPackedAheadKeys = 48;
@@ -655,7 +656,8 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
       }
       const int64_t n = std::min<int64_t>(16, u.k1 - key);
       const char *kt = k_at(tile), *vb = v_at(tile);
-      // the tiles to prefetch lines of; past the unit's end, this one again (a hit in L1)
+      // the tiles to prefetch lines of: the far one (past this unit's keys, the next unit's
+      // first ones) and the next; where there is none, this tile again (a hit in L1)
       const bool far_in = key + kPackedAheadKeys < u.k1, next_in = key + 16 < u.k1;
       const char *far_k = kt, *far_v = vb;
       if (far_in) {
