@@ -11,7 +11,11 @@ over the threads); and the rows of four prompts of 128 tokens after 64 cached on
 step's prompt rows, each over its own prefix; their GB/s counts every row's keys, so a
 kernel that reads a key once for several rows, or from cache, passes 100%). Each figure is
 the median of `--rounds` passes over all layers after a warm-up, in GB/s of K/V read and as
-a share of `measure.calibrate`'s bandwidth, measured in the same run.
+a share of `measure.calibrate`'s bandwidth, measured in the same run. Under the shuffled
+blocks, where the kernel reads the packed pool, "loads alone" is `scripts/memory_probe.py`'s
+walk over shuffled runs of the same size (a block's K and V for one kv head), every line
+prefetched into L2, with no arithmetic: the memory's own ceiling for this layout in that
+minute.
 
 The current kernel reads the caches as the engine lays them out here: packed where its
 packed path serves (AMX or AVX512_BF16, `native.packed_kv`; BATCHLENS_KV_PACKED=0 keeps
@@ -43,6 +47,8 @@ from collections.abc import Callable
 
 import torch
 from kernel_at import build_at, source_at  # scripts/, beside this file
+from memory_probe import BUFFER as PROBE_BUFFER
+from memory_probe import build as build_probe
 
 from engine import compute
 from engine.memory import pages
@@ -136,6 +142,29 @@ def attention(dtype: torch.dtype, ops: dict[str, Op], rounds: int, bandwidth: fl
             a, b = (statistics.median(ts) for ts in times.values())
             cells.append(f"{b / a:.2f}x")
         print(f"  {name:<24}" + "   ".join(cells))
+        if name == "shuffled blocks" and packed and "this" in pooled:
+            # a block's K then V for one kv head: one run of the pool
+            print(plain_loads(2 * block * HEAD_DIM * caches[0][0].element_size(), rounds,
+                              bandwidth))
+
+
+def plain_loads(run: int, rounds: int, bandwidth: float) -> str:
+    """The row of memory_probe's walk over shuffled runs of `run` bytes, every line
+    prefetched into L2 three runs ahead, no arithmetic (median of `rounds`): what the
+    memory gives a reader of this layout, kernel or not."""
+    mod = build_probe()
+    buf = pages.empty((PROBE_BUFFER,), torch.uint8).fill_(1)
+    order = torch.randperm(PROBE_BUFFER // run, generator=torch.Generator().manual_seed(0))
+    order = order.to(torch.int32)
+    mod.walk(buf, order, run, 3, 2, 0)  # warm-up
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        mod.walk(buf, order, run, 3, 2, 0)
+        times.append(time.perf_counter() - start)
+    gbs = PROBE_BUFFER / statistics.median(times) / 1e9
+    return (f"  {'  loads alone':<24}{'':>16}{gbs:5.1f} GB/s ({gbs / bandwidth:4.0%})   "
+            f"memory_probe's walk: {PROBE_BUFFER >> 20} MiB in shuffled {run}-byte runs")
 
 
 def layer_ops(names: list[str], rounds: int, dtype: torch.dtype) -> None:
