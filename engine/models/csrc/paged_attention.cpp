@@ -623,17 +623,20 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
     const bool stores = store_kv && u.k1 == lens[s];  // this unit holds the row's newest key
     at::BFloat16* kbase = kc + h * ks.head;
     at::BFloat16* vbase = vc + h * vs.head;
-    const auto k_at = [&](const TileCursor& c) {
-      return reinterpret_cast<const char*>(kbase + table[c.blk_i] * ks.block + c.off * 2);
+    // a tile's K and V, from a kv head's K and V and a row's block table
+    const auto k_in = [&](const at::BFloat16* kb, const int32_t* t, const TileCursor& c) {
+      return reinterpret_cast<const char*>(kb + t[c.blk_i] * ks.block + c.off * 2);
     };
-    const auto v_at = [&](const TileCursor& c) {
-      return reinterpret_cast<const char*>(vbase + table[c.blk_i] * vs.block + c.off * D);
+    const auto v_in = [&](const at::BFloat16* vb, const int32_t* t, const TileCursor& c) {
+      return reinterpret_cast<const char*>(vb + t[c.blk_i] * vs.block + c.off * D);
     };
+    const auto k_at = [&](const TileCursor& c) { return k_in(kbase, table, c); };
+    const auto v_at = [&](const TileCursor& c) { return v_in(vbase, table, c); };
     // past this unit's last kPackedAheadKeys, the L2 prefetches go on into the first keys of
     // the unit the thread takes next, so that it starts on keys in cache
     const int32_t* after_table = after ? tables + after->s * max_blocks : table;
-    const char* after_k = reinterpret_cast<const char*>(kc + (after ? after->h : h) * ks.head);
-    const char* after_v = reinterpret_cast<const char*>(vc + (after ? after->h : h) * vs.head);
+    const at::BFloat16* after_kbase = after ? kc + after->h * ks.head : kbase;
+    const at::BFloat16* after_vbase = after ? vc + after->h * vs.head : vbase;
     TileCursor after_far(after ? after->k0 : 0, BS);
     int64_t after_keys = after ? std::min<int64_t>(kPackedAheadKeys, after->k1 - after->k0) : 0;
     const auto fetch = [&](const TileCursor& c, auto l1) {  // a whole tile: a unit's first ones
@@ -664,9 +667,8 @@ void decode_bf16_packed(const at::BFloat16* q, int64_t q_stride, at::BFloat16* k
         far_k = k_at(far), far_v = v_at(far);
         far.advance(BS);
       } else if (after_keys > 0) {
-        const int64_t blk = after_table[after_far.blk_i];
-        far_k = after_k + (blk * ks.block + after_far.off * 2) * 2;
-        far_v = after_v + (blk * vs.block + after_far.off * D) * 2;
+        far_k = k_in(after_kbase, after_table, after_far);
+        far_v = v_in(after_vbase, after_table, after_far);
         after_far.advance(BS);
         after_keys -= 16;
       }
