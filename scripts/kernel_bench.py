@@ -157,12 +157,9 @@ def plain_loads(run: int, rounds: int, bandwidth: float) -> str:
     order = torch.randperm(PROBE_BUFFER // run, generator=torch.Generator().manual_seed(0))
     order = order.to(torch.int32)
     mod.walk(buf, order, run, 3, 2, 0)  # warm-up
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        mod.walk(buf, order, run, 3, 2, 0)
-        times.append(time.perf_counter() - start)
-    gbs = PROBE_BUFFER / statistics.median(times) / 1e9
+    secs = statistics.median(_seconds(lambda: mod.walk(buf, order, run, 3, 2, 0))
+                             for _ in range(rounds))
+    gbs = PROBE_BUFFER / secs / 1e9
     return (f"  {'  loads alone':<24}{'':>16}{gbs:5.1f} GB/s ({gbs / bandwidth:4.0%})   "
             f"memory_probe's walk: {PROBE_BUFFER >> 20} MiB in shuffled {run}-byte runs")
 
