@@ -12,8 +12,9 @@ memory bandwidth. This script times, for the bundled model (or --model):
   timed back to back;
 - the trip to the compute thread and back (`engine.compute.run` from another thread);
 - inside the forward, where the layer stack runs in one native call (csrc/decoder.cpp), its
-  ops by kind, timed in that call (`torch.ops.batchlens.forward_times`; torch.profiler
-  costs as much per op as a batch-1 step's small ops take), and what runs outside it;
+  ops by kind and its final norm and LM head, timed in that call
+  (`torch.ops.batchlens.forward_times`; torch.profiler costs as much per op as a batch-1
+  step's small ops take), and what runs outside it;
 - the weights' bytes at `measure.calibrate`'s bandwidth, measured in the same run.
 
 `--seqs N` (N > 1) times the step's parts for N requests of the bench's mix instead, each
@@ -25,8 +26,12 @@ and packed (`native.packed_kv`) in turn, R rounds of each, so both see the same 
 shared machine. Packed, the attention stores the step's K/V itself (the RoPE ops do, in
 rows): compare the forwards.
 
+`--head-apart R` times only the engine's batch-1 decode steps, with the LM head in the layer
+stack's call (as the engine runs it where the head is the bf16 kernel) and apart from it
+(called from Python after the call), in turn, R rounds of each.
+
     PYTHONPATH=. python scripts/step_anatomy.py [--model PATH] [--prompt N] [--tokens N]
-                                                [--seqs N] [--kv-layouts R]
+                                                [--seqs N] [--kv-layouts R] [--head-apart R]
 """
 
 from __future__ import annotations
@@ -106,8 +111,8 @@ def step_parts(loaded: LoadedModel, contexts: list[int]) -> dict[str, float]:
         runner.release_kv()
     out = {name: median_ms(ts) for name, ts in parts.items()}
     out["forward_mean"] = statistics.mean(parts["forward"]) * 1000
-    if stack:  # means, ms: matmuls, attention, norms, RoPE + K/V, SiLU x up, whole calls
-        out |= dict(zip(("matmuls", "attention", "norms", "rope", "silu", "stack"),
+    if stack:  # means, ms: matmuls, attention, norms, RoPE + K/V, SiLU x up, head, calls
+        out |= dict(zip(("matmuls", "attention", "norms", "rope", "silu", "head", "stack"),
                         (t / 1000 / ITERATIONS for t in stack), strict=True))
     return out
 
@@ -133,6 +138,24 @@ def kv_layouts(loaded: LoadedModel, contexts: list[int],
             os.environ.pop("BATCHLENS_KV_PACKED", None)
         else:
             os.environ["BATCHLENS_KV_PACKED"] = saved
+    return times
+
+
+def head_apart(loaded: LoadedModel, prompt: int, tokens: int,
+               rounds: int) -> dict[str, list[float]]:
+    """The median engine decode step (ms) of `engine_steps` with the LM head in the layer
+    stack's call and apart from it, `rounds` times each, taking turns."""
+    model = loaded.model
+    head = model.stack_head
+    variants = {"in the call": head, "apart": head[:0]}  # empty: the call returns the rows
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    try:
+        for r in range(rounds):
+            for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
+                model.stack_head = variants[name]
+                times[name].append(engine_steps(loaded, prompt, tokens))
+    finally:
+        model.stack_head = head
     return times
 
 
@@ -175,11 +198,16 @@ def main() -> None:
                     help="requests in the step (default 1; more: the bench mix's contexts)")
     ap.add_argument("--kv-layouts", type=int, default=0, metavar="R",
                     help="only the forward, KV cache in rows and packed in turn, R rounds")
+    ap.add_argument("--head-apart", type=int, default=0, metavar="R",
+                    help="only the engine's steps, the LM head in the stack's call and apart "
+                         "in turn, R rounds")
     a = ap.parse_args()
     if a.seqs < 1:
         ap.error("--seqs must be at least 1")
     if a.kv_layouts < 0:
         ap.error("--kv-layouts must not be negative (0: off)")
+    if a.head_apart < 0:
+        ap.error("--head-apart must not be negative (0: off)")
     loaded = LoadedModel.load(a.model)
     if a.seqs == 1:
         contexts = [a.prompt + a.tokens // 2]
@@ -203,6 +231,20 @@ def main() -> None:
         for name, t in times.items():
             print(f"  KV {name:<8} forward {statistics.median(t['forward']):7.2f}   decode "
                   f"attention {statistics.median(t['attention']):6.2f}")
+        return
+    if a.head_apart:
+        model = loaded.model
+        if model.layer_stack is None or not model.stack_head.numel():
+            raise SystemExit("--head-apart: this model's LM head never runs in the layer "
+                             "stack's call here (it needs every matmul, the head's too, to be "
+                             "the bf16 kernel)")
+        times = head_apart(loaded, a.prompt, a.tokens, a.head_apart)
+        print(f"batch-1 decode steps, {loaded.name}, {torch.get_num_threads()} threads, "
+              f"{a.prompt} prompt tokens, {a.tokens} generated; calibrated bandwidth "
+              f"{bandwidth:.1f} GB/s; ms, the median of {a.head_apart} rounds' median steps")
+        for name, t in times.items():
+            print(f"  LM head {name:<12} {statistics.median(t):6.2f}   rounds: "
+                  + " ".join(f"{x:.2f}" for x in t))
         return
     engine_ms = engine_steps(loaded, a.prompt, a.tokens) if a.seqs == 1 else None
     parts = compute.run(step_parts, loaded, contexts)
@@ -228,7 +270,8 @@ def main() -> None:
     if "stack" in parts:
         layer_bytes = sum(t.numel() * t.element_size() for t in weight_tensors(model)[:-1])
         small = parts["norms"] + parts["rope"] + parts["silu"]
-        rest = parts["stack"] - parts["matmuls"] - parts["attention"] - small
+        rest = parts["stack"] - parts["matmuls"] - parts["attention"] - small - parts["head"]
+        head_bytes = weights - layer_bytes
         row(f"  layer matmuls ({layer_bytes / 1e6:.0f} MB)", parts["matmuls"],
             f"   {layer_bytes / parts['matmuls'] / 1e6:5.1f} GB/s")
         row(f"  decode attention ({kv / 1e6:.1f} MB of K/V)", parts["attention"],
@@ -237,7 +280,13 @@ def main() -> None:
         row("  RoPE + K/V writes", parts["rope"])
         row("  SiLU x up", parts["silu"])
         row("  the rest of the layer stack's call", rest)
-        row("  outside it: embedding, final norm, LM head", parts["forward_mean"] - parts["stack"])
+        if model.stack_head.numel():  # the LM head runs in the stack's call
+            row(f"  final norm, LM head ({head_bytes / 1e6:.0f} MB)", parts["head"],
+                f"   {head_bytes / parts['head'] / 1e6:5.1f} GB/s")
+            row("  outside it: embedding", parts["forward_mean"] - parts["stack"])
+        else:
+            row("  final norm", parts["head"])
+            row("  outside it: embedding, LM head", parts["forward_mean"] - parts["stack"])
     row("sampling, after a forward", parts["sampling"])
     row(f"the weights ({weights / 1e6:.0f} MB) at the calibrated bandwidth", weights / bandwidth / 1e6)
     if a.seqs > 1:  # the step's floor: every byte it reads, once

@@ -158,9 +158,13 @@ class LlamaModel:
         # bfloat16 kernel and the native attention kernel attends every row of the step
         self.attention_kernel = native.paged_decode(device, dtype)
         self.layer_stack: list[torch.Tensor] | None = None
+        # the LM head the stack's call runs too, where it is the kernel (else an empty
+        # tensor: the call returns the normed rows for `lm_head`)
+        empty = torch.empty(0, dtype=dtype, device=device)
+        head = self.lm_head
+        self.stack_head = head.weight if head.kernel and head.bias is None else empty
         if self.fused_ops and self.attention_kernel is not None and all(
                 lin.kernel for lin in linears[1:]):
-            empty = torch.empty(0, dtype=dtype, device=device)
             self.layer_stack = [
                 t for layer in self.layers
                 for t in (layer.input_norm, layer.qkv.weight,
@@ -246,22 +250,24 @@ class LlamaModel:
         kd = meta.kernel_decode
         if (self.layer_stack is not None and kd is not None and kd.num_seqs == t
                 and kd.kernel is self.attention_kernel):
-            delta = ops.forward_layers(
+            # the final norm and the LM head in the same call, where the head is the kernel
+            out = ops.forward_layers(
                 x, self.layer_stack, [k for k, _ in kv_caches], [v for _, v in kv_caches],
                 self.cos, self.sin, positions, meta.slot_mapping, kd.block_tables,
-                kd.context_lens, h, kvh, eps, self.scale)
-        else:
-            delta = None
-            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-                hs = ops.add_rms_norm(x, delta, layer.input_norm, eps)
-                qkv = layer.qkv(hs)
-                ops.rope_write_kv(qkv, self.cos, self.sin, positions, k_cache, v_cache,
-                                  meta.slot_mapping, h, kvh)
-                q = qkv[:, :q_end].view(t, h, d)
-                k = qkv[:, q_end:k_end].view(t, kvh, d)
-                v = qkv[:, k_end:].view(t, kvh, d)
-                attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-                hs = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
-                delta = layer.down(ops.silu_mul(layer.gate_up(hs)))
+                kd.context_lens, logits_rows, self.norm, self.stack_head, h, kvh, eps,
+                self.scale)
+            return out if self.stack_head.numel() else self.lm_head(out)
+        delta = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            hs = ops.add_rms_norm(x, delta, layer.input_norm, eps)
+            qkv = layer.qkv(hs)
+            ops.rope_write_kv(qkv, self.cos, self.sin, positions, k_cache, v_cache,
+                              meta.slot_mapping, h, kvh)
+            q = qkv[:, :q_end].view(t, h, d)
+            k = qkv[:, q_end:k_end].view(t, kvh, d)
+            v = qkv[:, k_end:].view(t, kvh, d)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            hs = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
+            delta = layer.down(ops.silu_mul(layer.gate_up(hs)))
         x = ops.add_rms_norm(x[logits_rows], delta[logits_rows], self.norm, eps)
         return self.lm_head(x)

@@ -226,8 +226,11 @@ def test_the_layer_stack_in_one_call_gives_the_per_layer_logits_bit_for_bit(tiny
     tables = torch.tensor([[0]] * 6 + [[1]] * 4, dtype=torch.int32)
     lens = torch.tensor([1, 2, 3, 4, 5, 6, 1, 2, 3, 4], dtype=torch.int32)
     runs = []
+    head = model.stack_head
+    assert head.numel() > 0  # the LM head is the kernel: the one call runs it too
     ops().forward_times(True)  # the one call timed (scripts/step_anatomy.py): the same bits
-    for layers in (stack, None):
+    # the call with the head, then without (it returns the normed rows), then per layer
+    for layers, model.stack_head in ((stack, head), (stack, head[:0]), (None, head)):
         model.layer_stack = layers
         meta = AttentionMetadata(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5, 8, 9, 10, 11]),
                                  kernel_decode=KernelDecode(model.attention_kernel, tables, lens))
@@ -235,15 +238,17 @@ def test_the_layer_stack_in_one_call_gives_the_per_layer_logits_bit_for_bit(tiny
                    torch.zeros(arch.num_kv_heads, 2, 8, arch.head_dim, dtype=torch.bfloat16))
                   for _ in range(arch.num_layers)]
         runs.append((model.forward(ids, positions, meta, caches, torch.tensor([5, 9])), caches))
-        if layers is stack:
+        if layers is stack and model.stack_head is head:
             times = ops().forward_times(False)
-    # microseconds of matmuls, attention, norms, RoPE + K/V writes, SiLU x up; whole calls
-    assert len(times) == 6 and all(t > 0 for t in times)
-    assert times[5] >= sum(times[:5])
-    assert ops().forward_times(False) == [0.0] * 6  # timing off: the per-layer run adds none
-    (one_call, kv_one), (per_layer, kv_per) = runs
+    # microseconds of matmuls, attention, norms, RoPE + K/V writes, SiLU x up, the final
+    # norm and LM head; whole calls
+    assert len(times) == 7 and all(t > 0 for t in times)
+    assert times[6] >= sum(times[:6])
+    assert ops().forward_times(False) == [0.0] * 7  # timing off: the later runs add none
+    (one_call, kv_one), (head_apart, _), (per_layer, kv_per) = runs
     assert one_call.shape == (2, arch.vocab_size)
     assert torch.equal(one_call, per_layer)
+    assert torch.equal(head_apart, per_layer)
     assert all(torch.equal(a, b) for (ka, va), (kb, vb) in zip(kv_one, kv_per, strict=True)
                for a, b in ((ka, kb), (va, vb)))
     assert kv_one[0][0].abs().sum() > 0  # the K/V were written

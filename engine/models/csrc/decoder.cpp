@@ -10,10 +10,13 @@
 //   hs = add_rms_norm(x, attn Wo^T, post_norm)
 //   delta = silu_mul(hs Wgu^T) Wdown^T
 //
-// and returns the last layer's delta (the caller adds it for the final norm). At a decode
-// step's few rows the weights stream in a few milliseconds, and nine Python-level op calls
-// per layer (with their views and argument checks) cost time of the same order: called
-// from C++ they cost nothing next to the matmuls.
+// then, for the rows that want logits, the final norm and the LM head (where it is the
+// bf16 kernel; else the normed rows, for the caller's LM head). At a decode step's few rows
+// the weights stream in a few milliseconds, and nine Python-level op calls per layer (with
+// their views and argument checks) cost time of the same order: called from C++ they cost
+// nothing next to the matmuls. Each op called from Python after the layers costs more
+// than it would before them: the weights' stream has left the interpreter's memory in no
+// cache, so the head runs here too.
 //
 //   weights  7 per layer: input_norm, qkv (packed), qkv bias (an empty tensor: none),
 //            o (packed), post_norm, gate_up (packed), down (packed)
@@ -34,8 +37,10 @@ namespace batchlens {
 
 constexpr int64_t kWeightsPerLayer = 7;
 
-// The layer stack's ops, by kind, for the timings below
+// The layer stack's ops, by kind, for the timings below; the final norm and LM head are
+// timed apart from the layers' ops (slot kHead), recorded under their ops' names
 enum Op { kLinear, kAttention, kNorm, kRope, kSilu, kOps };
+constexpr int kHead = kOps, kWhole = kOps + 1;
 constexpr const char* kOpNames[kOps] = {"batchlens::bf16_linear",
                                         "batchlens::paged_decode_attention",
                                         "batchlens::add_rms_norm", "batchlens::rope_write_kv",
@@ -47,7 +52,7 @@ constexpr const char* kOpNames[kOps] = {"batchlens::bf16_linear",
 // on one thread (engine/compute.py), which alone reads and writes these.
 struct Timings {
   bool on = false;
-  double us[kOps + 1] = {};  // the ops, then whole forward_layers calls
+  double us[kOps + 2] = {};  // the ops, the head, then whole forward_layers calls
 };
 Timings timings;
 
@@ -64,14 +69,14 @@ struct Timed {  // adds its lifetime to timings.us[slot] where timing is on
 // `f()` under the op's own name for torch.profiler (the bench's step breakdown): a call from
 // here skips the dispatcher, which is where ops are recorded. Free while no profiler runs.
 template <typename F>
-auto recorded(Op op, F&& f) {
+auto recorded(Op op, F&& f, int slot = -1) {
   RECORD_FUNCTION(kOpNames[op], std::vector<c10::IValue>());
-  Timed timed{op};
+  Timed timed{slot < 0 ? static_cast<int>(op) : slot};
   return f();
 }
 
-// The sums so far in microseconds (the ops in Op's order, then whole calls), reset; timing
-// stays on or goes off for the calls after this one as `on` says
+// The sums so far in microseconds (the ops in Op's order, the head, then whole calls),
+// reset; timing stays on or goes off for the calls after this one as `on` says
 std::vector<double> forward_times(bool on) {
   std::vector<double> out(std::begin(timings.us), std::end(timings.us));
   timings = Timings{};
@@ -83,8 +88,10 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
                           at::TensorList v_caches, const at::Tensor& cos, const at::Tensor& sin,
                           const at::Tensor& positions, const at::Tensor& slot_mapping,
                           const at::Tensor& block_tables, const at::Tensor& context_lens,
-                          int64_t num_heads, int64_t num_kv_heads, double eps, double scale) {
-  Timed whole{kOps};
+                          const at::Tensor& logits_rows, const at::Tensor& final_norm,
+                          const at::Tensor& lm_head, int64_t num_heads, int64_t num_kv_heads,
+                          double eps, double scale) {
+  Timed whole{kWhole};
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers &&
                   static_cast<int64_t>(weights.size()) == kWeightsPerLayer * layers,
@@ -136,7 +143,13 @@ at::Tensor forward_layers(at::Tensor x, at::TensorList weights, at::TensorList k
     recorded(kSilu, [&] { silu_mul_into(gate_up, act); });
     linear(act, w[6], c10::nullopt, delta);
   }
-  return delta;
+  // as the per-layer path ends: x + delta of the logits rows, normed, then the LM head
+  const at::Tensor normed = recorded(kNorm, [&] {
+    return add_rms_norm(x.index_select(0, logits_rows), delta.index_select(0, logits_rows),
+                        final_norm, eps);
+  }, kHead);
+  if (lm_head.numel() == 0) return normed;
+  return recorded(kLinear, [&] { return bf16_linear(normed, lm_head, c10::nullopt); }, kHead);
 }
 
 }  // namespace batchlens
@@ -145,8 +158,8 @@ TORCH_LIBRARY_FRAGMENT(batchlens, m) {
   m.def("forward_times(bool on) -> float[]", &batchlens::forward_times);
   m.def("forward_layers(Tensor(a!) x, Tensor[] weights, Tensor(b!)[] k_caches, "
         "Tensor(c!)[] v_caches, Tensor cos, Tensor sin, Tensor positions, Tensor slot_mapping, "
-        "Tensor block_tables, Tensor context_lens, int num_heads, int num_kv_heads, float eps, "
-        "float scale) -> Tensor");
+        "Tensor block_tables, Tensor context_lens, Tensor logits_rows, Tensor final_norm, "
+        "Tensor lm_head, int num_heads, int num_kv_heads, float eps, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(batchlens, CPU, m) {
