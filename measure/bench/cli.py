@@ -51,9 +51,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="host time per engine step with a stand-in model that returns at "
                     "once, at 1,64,256,1024 decoding requests (--concurrency overrides)")
     ap.add_argument("--llamacpp", action="store_true",
-                    help="after the runs, llama.cpp's llama-bench (tg128, pp512) and "
-                    "llama-batched-bench on the same weights and threads, printed beside "
-                    "the engine's figures (built by `make compat`)")
+                    help="llama.cpp's llama-bench (tg128, pp512; before and after the "
+                    "runs, the mean of both) and llama-batched-bench (after them) on the "
+                    "same weights and threads, printed beside the engine's figures (built "
+                    "by `make compat`)")
     ap.add_argument("--report", metavar="PATH", nargs="+",
                     help="print the table of saved --json files (runs merged) and exit")
     return ap
@@ -144,6 +145,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     print(f"{a.n} requests (seed {a.seed}): prompt {a.prompt_len[0]}-{a.prompt_len[1]} tokens, "
           f"max_tokens {a.max_tok[0]}-{a.max_tok[1]}, greedy, EOS ignored; "
           f"{sum(r.max_tokens for r in reqs)} output tokens per run")
+    before = None
+    if tools is not None:  # llama-bench on both sides of the runs (measure.bench.llamacpp)
+        print("run llama-bench before the runs ...", file=sys.stderr, flush=True)
+        before = llamacpp.run_llama_bench(tools, torch.get_num_threads())
     cpu0 = cpu_sample()
     time.sleep(1.0)
     if (busy := others_busy(cpu0, cpu_sample())) > 0.1:
@@ -171,19 +176,22 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             save_json(a.json, run_info, results, floor, complete=True)
     print("\n" + report(results, floor))
     if tools is not None:
-        print(compare_llamacpp(tools, reqs, a.conc, results, run_info, floor, a.json))
+        print(compare_llamacpp(tools, reqs, a.conc, results, run_info, floor, a.json, before))
     return 0
 
 
 def compare_llamacpp(tools: llamacpp.LlamaCpp, reqs: list, conc: list[int],
                      results: list[RunResult], run_info: dict, floor: dict | None,
-                     json_path: str | None) -> str:
+                     json_path: str | None,
+                     before: list[llamacpp.BenchFigure] | None = None) -> str:
     """llama.cpp's figures on this process's thread count, after the runs (so the two never
-    share the cores), as printed; saved with the runs under "llamacpp" with `--json`."""
+    share the cores; `llama-bench` also `before` them), as printed; saved with the runs
+    under "llamacpp" with `--json`."""
     print("run llama.cpp (llama-bench, llama-batched-bench) ...", file=sys.stderr, flush=True)
     pp = round(sum(len(r.prompt_ids) for r in reqs) / len(reqs))
     tg = round(sum(r.max_tokens for r in reqs) / len(reqs))
-    figures = llamacpp.measure(tools, torch.get_num_threads(), sorted({1, conc[-1]}), pp, tg)
+    figures = llamacpp.measure(tools, torch.get_num_threads(), sorted({1, conc[-1]}), pp, tg,
+                               before)
     if json_path:
         save_json(json_path, run_info | {"llamacpp": figures}, results, floor, complete=True)
     runs = {r.name: {"summary": r.summary.as_dict() if r.summary else None, **r.extra}

@@ -2,6 +2,11 @@
 pp512) and `llama-batched-bench` (decode with 1 and with the bench's top concurrency of
 parallel sequences), printed beside the engine's own figures from the same bench run.
 
+`llama-bench` runs twice, before the engine's runs and after them, and its figures are the
+mean of both sets: its tests take seconds while the engine's batch-1 run takes a minute or
+more, and on a shared host the memory's speed moves from one minute to the next, so runs
+on both sides of the engine's stand for the same stretch of time.
+
 The binaries and the GGUF come from `make compat` (scripts/build_llama_server.sh): it builds
 them from the llama-cpp-python sdist's vendored tree into the cache, and converts the
 engine's cached safetensors folder with that tree's `convert_hf_to_gguf.py`, so both sides
@@ -47,12 +52,14 @@ class LlamaCpp:
 @dataclass(frozen=True)
 class BenchFigure:
     """One `llama-bench` test: tg128 (128 tokens decoded at batch 1) or pp512 (a
-    512-token prompt), its mean tokens/s over the repetitions and each repetition's."""
+    512-token prompt), its mean tokens/s over the repetitions and each repetition's; the
+    first `before` samples ran before the engine's runs (`bracketed`)."""
 
     test: str
     tokens_per_s: float
     samples: list[float]
     threads: int
+    before: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,19 @@ def run_llama_bench(tools: LlamaCpp, threads: int) -> list[BenchFigure]:
     return parse_llama_bench(out)
 
 
+def bracketed(before: list[BenchFigure], after: list[BenchFigure]) -> list[BenchFigure]:
+    """Each test of `after` with the samples of the same test in `before` ahead of its own,
+    and the mean of them all."""
+    earlier = {f.test: f for f in before}
+    out = []
+    for f in after:
+        first = earlier[f.test].samples if f.test in earlier else []
+        samples = [*first, *f.samples]
+        out.append(BenchFigure(f.test, statistics.mean(samples), samples, f.threads,
+                               len(first)))
+    return out
+
+
 def run_batched_bench(tools: LlamaCpp, threads: int, parallel: list[int], pp: int,
                       tg: int) -> list[BatchedFigure]:
     """`pl` sequences of a `pp`-token prompt then `tg` decode steps, for each `pl` in
@@ -205,18 +225,22 @@ def comparison(bench: list[BenchFigure], batched: list[BatchedFigure],
         lines.append(f"(batched-bench: {b.pp}-token prompts, {b.tg} decode steps, the mix's "
                      "means; engine decode: its decode-only steps in this bench run)")
     if "tg128" in by_test and len(by_test["tg128"].samples) > 1:
-        spread = statistics.pstdev(by_test["tg128"].samples)
-        lines.append(f"(tg128 over {len(by_test['tg128'].samples)} runs: "
-                     f"{', '.join(f'{s:.1f}' for s in by_test['tg128'].samples)}; "
-                     f"sd {spread:.1f})")
+        tg = by_test["tg128"]
+        spread = statistics.pstdev(tg.samples)
+        when = (f", {tg.before} before the engine's runs and {len(tg.samples) - tg.before} "
+                "after" if tg.before else "")
+        lines.append(f"(tg128 over {len(tg.samples)} runs{when}: "
+                     f"{', '.join(f'{s:.1f}' for s in tg.samples)}; sd {spread:.1f})")
     return "\n".join(lines)
 
 
-def measure(tools: LlamaCpp, threads: int, parallel: list[int], pp: int,
-            tg: int) -> dict[str, Any]:
-    """Both tools' figures, as saved in the bench's JSON."""
+def measure(tools: LlamaCpp, threads: int, parallel: list[int], pp: int, tg: int,
+            before: list[BenchFigure] | None = None) -> dict[str, Any]:
+    """Both tools' figures, as saved in the bench's JSON; `llama-bench`'s with the runs of
+    it `before` the engine's (`bracketed`) where given."""
+    bench = run_llama_bench(tools, threads)
     return {"gguf": str(tools.gguf), "threads": threads,
-            "llama_bench": [asdict(f) for f in run_llama_bench(tools, threads)],
+            "llama_bench": [asdict(f) for f in bracketed(before or [], bench)],
             "batched_bench": [asdict(f) for f in
                               run_batched_bench(tools, threads, parallel, pp, tg)]}
 

@@ -5,6 +5,7 @@ The real run is tests/compat/test_llamacpp_bench.py (`make compat`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -118,3 +119,28 @@ def test_a_run_the_engine_did_not_make_shows_na():
     batched = llamacpp.parse_batched_bench(BATCHED_JSONL.read_text())
     text = llamacpp.comparison([], batched, {}, Path("m.gguf"))
     assert all("n/a" in line for line in text.splitlines() if "seqs decode" in line)
+
+
+def test_llama_bench_before_and_after_the_runs_is_one_figure_of_both():
+    """`bracketed`: each test's samples from before the engine's runs, then after, their
+    mean the figure; the report says how many ran on each side."""
+    after = llamacpp.parse_llama_bench(LLAMA_BENCH_JSON.read_text())
+    before = [llamacpp.BenchFigure(f.test, 2 * f.tokens_per_s, [2 * s for s in f.samples],
+                                   f.threads) for f in after if f.test == "tg128"]
+    both = llamacpp.bracketed(before, after)
+    by_test = {f.test: f for f in both}
+    tg, old = by_test["tg128"], next(f for f in after if f.test == "tg128")
+    assert tg.samples == [*before[0].samples, *old.samples] and tg.before == len(old.samples)
+    assert tg.tokens_per_s == pytest.approx(sum(tg.samples) / len(tg.samples))
+    assert tg.tokens_per_s == pytest.approx(1.5 * old.tokens_per_s, rel=0.05)
+    pp = by_test["pp512"]  # nothing of it before: as it was
+    assert pp.before == 0 and pp.samples == next(f for f in after if f.test == "pp512").samples
+    engine = {"engine@1 decode": 100.0}
+    text = llamacpp.comparison(both, [], engine, Path("m.gguf"))
+    n = len(old.samples)
+    assert f"(tg128 over {2 * n} runs, {n} before the engine's runs and {n} after: " in text
+    row = next(line for line in text.splitlines() if line.startswith("llama-bench tg128"))
+    assert f"{100.0 / tg.tokens_per_s:.2f}x" in row
+    saved = [llamacpp.BenchFigure(**json.loads(json.dumps(dataclasses.asdict(f))))
+             for f in both]  # as the bench's JSON keeps them
+    assert saved == both
