@@ -283,10 +283,11 @@ def main() -> None:
         if model.stack_head.numel():  # the LM head runs in the stack's call
             row(f"  final norm, LM head ({head_bytes / 1e6:.0f} MB)", parts["head"],
                 f"   {head_bytes / parts['head'] / 1e6:5.1f} GB/s")
-            row("  outside it: embedding", parts["forward_mean"] - parts["stack"])
+            row("  outside it: embedding, the call from Python",
+                parts["forward_mean"] - parts["stack"])
         else:
             row("  final norm", parts["head"])
-            row("  outside it: embedding, LM head", parts["forward_mean"] - parts["stack"])
+            row("  outside it: embedding, the call, LM head", parts["forward_mean"] - parts["stack"])
     row("sampling, after a forward", parts["sampling"])
     row(f"the weights ({weights / 1e6:.0f} MB) at the calibrated bandwidth", weights / bandwidth / 1e6)
     if a.seqs > 1:  # the step's floor: every byte it reads, once

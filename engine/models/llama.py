@@ -161,8 +161,8 @@ class LlamaModel:
         # the LM head the stack's call runs too, where it is the kernel (else an empty
         # tensor: the call returns the normed rows for `lm_head`)
         empty = torch.empty(0, dtype=dtype, device=device)
-        head = self.lm_head
-        self.stack_head = head.weight if head.kernel and head.bias is None else empty
+        lm = self.lm_head
+        self.stack_head = lm.weight if lm.kernel and lm.bias is None else empty
         if self.fused_ops and self.attention_kernel is not None and all(
                 lin.kernel for lin in linears[1:]):
             self.layer_stack = [
